@@ -1,0 +1,71 @@
+"""Names written to MLflow. The dashboard, ``ulorl-tables`` and the sweeps read these.
+
+Training runs (``ulorl-train``, one per trial in a sweep):
+  tags    ulorl.kind=train, ulorl.experiment=<yaml stem>, ulorl.paper_ref (table1|table2|table3|fig2|
+          fig4|fig5, when set), mlflow.parentRunId (sweep parent), ulorl.trial_id, ulorl.variant,
+          ulorl.git_commit, ulorl.hw.* (cpu, threads, gpu), ulorl.version.* (torch, transformers, ulorl)
+  params  the flattened experiment config (``rollout.segments``, ``algo.mpt.tau`` ...)
+  metrics TRAIN_METRICS below, one point per step (step = training step, 1-based)
+  artifacts config/resolved.yaml, samples/step_<NNNNNN>.jsonl (SAMPLE_RECORD_FIELDS),
+          checkpoints/final/ (model + tokenizer, loadable with from_pretrained)
+
+Eval runs (``ulorl-eval``; nested under a training run or standalone):
+  tags    ulorl.kind=eval, ulorl.benchmark, ulorl.k, ulorl.model, ulorl.model_label
+  metrics eval/<bench>/avg_at_k, eval/<bench>/pass_at_k, eval/<bench>/pass_at_<j>, eval/<bench>/ci_low,
+          eval/<bench>/ci_high, eval/<bench>/response_len_mean, eval/<bench>/truncation_rate
+  artifacts eval/<bench>_per_problem.csv
+  A training run's periodic evaluation logs eval/heldout/avg_at_k (and the others) into the training
+  run itself, at the training step.
+
+Sweep parent runs (``ulorl-sweep``): tags ulorl.kind=sweep, ulorl.sweep=<yaml stem>; artifacts
+  sweep/spec.yaml, sweep/ranking.csv; params = the search space.
+"""
+
+from __future__ import annotations
+
+KIND_TAG = "ulorl.kind"
+EXPERIMENT_TAG = "ulorl.experiment"
+PAPER_REF_TAG = "ulorl.paper_ref"
+SWEEP_TAG = "ulorl.sweep"
+TRIAL_TAG = "ulorl.trial_id"
+VARIANT_TAG = "ulorl.variant"
+PARENT_TAG = "mlflow.parentRunId"
+BENCHMARK_TAG = "ulorl.benchmark"
+MODEL_TAG = "ulorl.model"
+MODEL_LABEL_TAG = "ulorl.model_label"
+
+TRAIN_METRICS: tuple[str, ...] = (
+    "train/reward_mean", "train/entropy", "train/pg_loss", "train/clip_frac", "train/ratio_mean",
+    "train/mpt_frac", "train/masked_frac", "train/mask_active_frac", "train/groups", "train/samples",
+    "train/tokens", "train/grad_norm",
+)
+ROLLOUT_METRICS: tuple[str, ...] = (
+    "rollout/finished", "rollout/truncated", "rollout/response_len_mean", "rollout/response_len_max",
+    "rollout/tokens", "rollout/tokens_per_s", "rollout/finished_per_s", "rollout/decode_utilization",
+    "rollout/reward_mean",
+)
+POOL_METRICS: tuple[str, ...] = ("pool/unfinished", "pool/experience", "pool/staleness_max")
+TIME_METRICS: tuple[str, ...] = ("time/rollout_s", "time/train_s", "time/step_s", "time/wall_s")
+SKIPPED_METRIC = "train/skipped"
+
+# Metrics present at every step, whether or not the step updated the model.
+EVERY_STEP_METRICS: tuple[str, ...] = ROLLOUT_METRICS + POOL_METRICS + TIME_METRICS + (SKIPPED_METRIC,)
+# Metrics present only at steps that updated the model (train/skipped == 0).
+UPDATE_STEP_METRICS: tuple[str, ...] = TRAIN_METRICS
+
+KEY_PARAMS: tuple[str, ...] = (
+    "rollout.segments", "rollout.max_response_len", "rollout.batching", "algo.mpt.tau",
+    "algo.mpt.sigma", "algo.mpt.mode", "algo.is_mode",
+)
+
+SAMPLE_RECORD_FIELDS: tuple[str, ...] = (
+    "step", "sample_id", "group_id", "reward", "status", "prompt_text", "response_text",
+    "tokens",            # list[str]: decoded text of each response token
+    "segments",          # list[{start, end, version}] over response token positions
+    "masked_positions",  # list[int]: response token positions excluded by MPT masking
+)
+
+
+def eval_metric(bench: str, name: str) -> str:
+    """``eval_metric("aime2025", "avg_at_k") -> "eval/aime2025/avg_at_k"``."""
+    return f"eval/{bench}/{name}"

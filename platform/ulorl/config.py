@@ -120,6 +120,18 @@ class DeepSpeedConfig(_Section):
     num_processes: int = Field(1, ge=1)
 
 
+class ResourcesConfig(_Section):
+    """Placement of one run (Ray placement group): trainer workers and rollout engines."""
+
+    trainer_workers: int = Field(1, ge=1, description="trainer processes (DeepSpeed ranks)")
+    rollout_engines: int = Field(1, ge=1)
+    gpus_per_trainer_worker: float = Field(0.0, ge=0)
+    gpus_per_engine: float = Field(0.0, ge=0, description="also the vLLM tensor-parallel size when > 1")
+    cpus_per_trainer_worker: float = Field(1.0, gt=0)
+    cpus_per_engine: float = Field(1.0, gt=0)
+    nodes: int = Field(1, ge=1)
+
+
 class TrainConfig(_Section):
     backend: Literal["torch", "deepspeed"] = "torch"
     lr: float = Field(1e-6, gt=0)
@@ -168,6 +180,7 @@ class ExperimentConfig(_Section):
     rollout: RolloutConfig = RolloutConfig()
     algo: AlgoConfig = AlgoConfig()
     reward: RewardConfig = RewardConfig()
+    resources: ResourcesConfig = ResourcesConfig()
     train: TrainConfig = TrainConfig()
     tracking: TrackingConfig = TrackingConfig()
     eval: EvalConfig = EvalConfig()

@@ -1,0 +1,73 @@
+"""``ulorl-train EXPERIMENT.yaml [key.path=value ...]`` — one UloRL training run."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ulorl.config import ConfigError, config_to_yaml, load_experiment
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ulorl-train",
+        description="Train a policy with UloRL (segment rollout, POIS/SAIS/TOIS, DMMPTs) and track it in MLflow.",
+        epilog="Example: ulorl-train experiments/quickstart.yaml train.max_steps=20 algo.mpt.tau=0.95",
+    )
+    p.add_argument("experiment", help="experiment YAML (see experiments/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.segments=8 tracking.uri=sqlite:///x.db")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (else tracking.uri, $MLFLOW_TRACKING_URI, ./mlflow.db)")
+    p.add_argument("--resume", nargs="?", const="auto", metavar="RUN_DIR",
+                   help="continue a stopped run from its latest checkpoint (RUN_DIR, or newest run of this experiment)")
+    p.add_argument("--run-dir", help="where checkpoints go (default: train.output_dir/<name>/<timestamp>)")
+    p.add_argument("--dry-run", action="store_true", help="validate, print the resolved config and plan, start nothing")
+    p.add_argument("--ray", action="store_true", help="run inside a Ray placement group (trainer workers + engine)")
+    p.add_argument("--address", help="Ray cluster address for --ray (default: a local Ray on 127.0.0.1)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_experiment(args.experiment, args.overrides)
+    except ConfigError as exc:
+        print(f"ulorl-train: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        from ulorl.train.plan import describe_plan
+
+        print(config_to_yaml(cfg))
+        print(describe_plan(cfg))
+        return 0
+    if args.ray:
+        from ulorl.scale.placement import run_with_placement
+
+        return run_with_placement(cfg, args)
+    from ulorl.train.trainer import Trainer
+
+    try:
+        result = Trainer(
+            cfg, run_dir=args.run_dir, resume=args.resume, tracking_uri=args.tracking_uri,
+            progress=not args.no_progress,
+        ).run()
+    except (FileNotFoundError, ConfigError, ValueError) as exc:
+        print(f"ulorl-train: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        if type(exc).__name__ == "MissingExtraError":
+            print(f"ulorl-train: {exc}", file=sys.stderr)
+            return 2
+        raise
+    state = "interrupted (checkpoint saved; continue with --resume)" if result.interrupted else "finished"
+    print(f"run {result.run_id} {state} after {result.steps} steps")
+    print(f"  tracking: {result.tracking_uri}")
+    print(f"  checkpoints: {result.run_dir / 'checkpoints'}")
+    return 130 if result.interrupted else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

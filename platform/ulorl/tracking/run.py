@@ -1,0 +1,149 @@
+"""MLflow run lifecycle for training runs: create or resume, params, tags, batched metrics.
+
+Metrics are buffered and written with one ``log_batch`` per flush. The trainer flushes right after
+each checkpoint, so after a crash the store never holds points past the last checkpoint, and a
+resumed run logs every later step exactly once (one point per step on every curve).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as _platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+import ulorl
+from ulorl.tracking.uri import artifact_root_for
+
+MAX_BATCH = 900  # MLflow caps a log_batch at 1000 metrics
+
+
+def get_or_create_experiment(client: MlflowClient, name: str, uri: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_root_for(uri))
+    except Exception:  # created concurrently by another trial
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def hardware_tags() -> dict[str, str]:
+    import torch
+    import transformers
+
+    cpu = _platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {
+        "ulorl.hw.cpu": cpu,
+        "ulorl.hw.cores": str(os.cpu_count()),
+        "ulorl.hw.threads": str(torch.get_num_threads()),
+        "ulorl.hw.gpu": gpu,
+        "ulorl.version.torch": torch.__version__,
+        "ulorl.version.transformers": transformers.__version__,
+        "ulorl.version.ulorl": ulorl.__version__,
+        "ulorl.version.python": _platform.python_version(),
+    }
+
+
+def git_commit() -> str:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+class RunTracker:
+    """One MLflow run. ``RunTracker.start(...)`` creates it; ``RunTracker.resume(...)`` reopens it."""
+
+    def __init__(self, client: MlflowClient, run_id: str, enabled: bool = True) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.enabled = enabled
+        self._buffer: list[Metric] = []
+
+    @classmethod
+    def start(
+        cls,
+        uri: str,
+        experiment: str,
+        run_name: Optional[str],
+        params: dict[str, Any],
+        tags: dict[str, str],
+        parent_run_id: Optional[str] = None,
+    ) -> "RunTracker":
+        client = MlflowClient(tracking_uri=uri)
+        exp_id = get_or_create_experiment(client, experiment, uri)
+        all_tags = {**hardware_tags(), "ulorl.git_commit": git_commit(), **tags}
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
+        tracker = cls(client, run.info.run_id)
+        tracker.log_params(params)
+        return tracker
+
+    @classmethod
+    def resume(cls, uri: str, run_id: str) -> "RunTracker":
+        client = MlflowClient(tracking_uri=uri)
+        client.update_run(run_id, status="RUNNING")
+        return cls(client, run_id)
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        items = [Param(k, _param_str(v)) for k, v in params.items()]
+        for i in range(0, len(items), 90):
+            self.client.log_batch(self.run_id, params=items[i : i + 90])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def add_metrics(self, metrics: dict[str, float], step: int) -> None:
+        ts = int(time.time() * 1000)
+        for k, v in metrics.items():
+            if v is None:
+                continue
+            self._buffer.append(Metric(k, float(v), ts, step))
+
+    def flush(self) -> None:
+        buf, self._buffer = self._buffer, []
+        for i in range(0, len(buf), MAX_BATCH):
+            self.client.log_batch(self.run_id, metrics=buf[i : i + MAX_BATCH])
+
+    def drop_buffer(self) -> None:
+        self._buffer = []
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def log_dict(self, obj: Any, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, json.dumps(obj, indent=2, default=str), artifact_file)
+
+    def log_artifacts(self, local_dir: str | os.PathLike, artifact_path: str) -> None:
+        self.client.log_artifacts(self.run_id, str(local_dir), artifact_path)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.flush()
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _param_str(v: Any) -> str:
+    s = json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+    return s[:6000]

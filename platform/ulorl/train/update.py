@@ -1,0 +1,247 @@
+"""One policy update on released groups: the algorithm half of a training step.
+
+Order (DESIGN.md data flow): dynamic sampling -> advantages -> no-grad pass (current log-probs,
+entropy) -> old log-probs by IS mode -> MPT / DMMPT mask -> clipped token-level loss per mini-batch
+-> backward per micro-batch -> optimizer step. Log-probs, entropies and MPT probabilities all use
+logits / rollout temperature, the distribution the rollout sampled from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from ulorl.algo import (
+    MASK_FNS,
+    dynamic_sampling_filter,
+    group_advantages,
+    logprobs_and_entropy,
+    logprobs_from_logits,
+    mask_active_samples,
+    mpt_mask,
+    policy_loss,
+    select_old_logprobs,
+)
+from ulorl.config import AlgoConfig, TrainConfig
+from ulorl.rollout.types import Sample
+from ulorl.train.backend import TrainBackend
+from ulorl.train.batch import TrainBatch, build_train_batch, micro_batches
+
+
+@dataclass
+class UpdateResult:
+    updated: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+    kept_samples: list[Sample] = field(default_factory=list)
+    loss_mask: Optional[torch.Tensor] = None     # [B, L-1] of the kept batch
+    batch: Optional[TrainBatch] = None
+
+
+def autocast_ctx(bf16: bool, device: torch.device) -> contextlib.AbstractContextManager:
+    if bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def forward_logits(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> torch.Tensor:
+    """Logits predicting ``batch.targets``: Float[B, L-1, V]."""
+    out = model(
+        input_ids=batch.input_ids.to(device),
+        attention_mask=batch.attention_mask.to(device),
+        use_cache=False,
+    )
+    return out.logits[:, :-1]
+
+
+@torch.no_grad()
+def current_token_stats(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    temperature: float,
+    token_budget: int,
+    device: torch.device,
+    bf16: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropy) of every target under the current model, each Float[B, L-1] (cpu)."""
+    lp = torch.zeros(batch.targets.shape, dtype=torch.float32)
+    ent = torch.zeros(batch.targets.shape, dtype=torch.float32)
+    for rows in micro_batches(batch, token_budget):
+        sub = batch.rows(rows)
+        with autocast_ctx(bf16, device):
+            logits = forward_logits(model, sub, device)
+        sub_lp, sub_ent = logprobs_and_entropy(logits, sub.targets.to(device), temperature)
+        width = sub.targets.shape[1]
+        idx = torch.tensor(rows, dtype=torch.long)
+        lp[idx, :width] = sub_lp.float().cpu()
+        ent[idx, :width] = sub_ent.float().cpu()
+    return lp * batch.response_mask, ent * batch.response_mask
+
+
+def _weighted(acc: dict[str, float], metrics: dict[str, torch.Tensor], weight: float) -> None:
+    for key in ("clip_frac", "ratio_mean"):
+        if key in metrics:
+            acc[key] = acc.get(key, 0.0) + float(metrics[key]) * weight
+    if "ratio_max" in metrics:
+        acc["ratio_max"] = max(acc.get("ratio_max", -math.inf), float(metrics["ratio_max"]))
+    if "ratio_min" in metrics:
+        acc["ratio_min"] = min(acc.get("ratio_min", math.inf), float(metrics["ratio_min"]))
+
+
+def split_minibatches(group_ids: list[int], n: int) -> list[list[int]]:
+    """Split row indices into ``n`` mini-batches of whole groups (contiguous, near-equal)."""
+    order: list[int] = []
+    seen: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        seen.setdefault(g, []).append(i)
+    groups = list(seen.values())
+    n = max(1, min(n, len(groups)))
+    out: list[list[int]] = [[] for _ in range(n)]
+    for k, rows in enumerate(groups):
+        out[k * n // len(groups)].extend(rows)
+    del order
+    return [m for m in out if m]
+
+
+def policy_update(
+    samples: list[Sample],
+    backend: TrainBackend,
+    algo: AlgoConfig,
+    train: TrainConfig,
+    temperature: float,
+    pad_token_id: int,
+    device: torch.device,
+) -> UpdateResult:
+    """Run the UloRL update on finished samples (whole groups). Returns metrics for tracking."""
+    rewards_all = torch.tensor([float(s.reward or 0.0) for s in samples])
+    groups_all = torch.tensor([s.group_id for s in samples])
+    metrics: dict[str, float] = {
+        "train/reward_mean": float(rewards_all.mean()) if samples else 0.0,
+    }
+    if algo.dynamic_sampling:
+        keep = dynamic_sampling_filter(rewards_all, groups_all)
+        kept = [s for s, k in zip(samples, keep.tolist()) if k]
+    else:
+        kept = list(samples)
+    metrics["train/ds_dropped_samples"] = float(len(samples) - len(kept))
+    if not kept:
+        return UpdateResult(False, metrics, reason="dynamic sampling kept no group (all-equal rewards)")
+
+    model = backend.model
+    batch = build_train_batch(kept, pad_token_id)
+    resp = batch.response_mask
+    n_tokens = batch.num_response_tokens
+    if n_tokens == 0:
+        return UpdateResult(False, metrics, reason="no response tokens")
+
+    adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps)
+
+    model.eval()
+    cur_lp, ent = current_token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
+    old_lp = select_old_logprobs(algo.is_mode, cur_lp, batch.sais_logprobs) * resp
+
+    sample_entropy = (ent * resp).sum(1) / resp.sum(1).clamp(min=1)
+    batch_entropy = float((ent * resp).sum() / n_tokens)
+    mpt = mpt_mask(cur_lp, batch.rewards, resp, algo.mpt.tau)
+    loss_mask = MASK_FNS[algo.mpt.mode](
+        cur_lp, batch.rewards, resp, ent, tau=algo.mpt.tau, sigma=algo.mpt.sigma, scope=algo.mpt.entropy_scope
+    )
+    active = mask_active_samples(algo.mpt.mode, ent, resp, sigma=algo.mpt.sigma, scope=algo.mpt.entropy_scope)
+
+    metrics.update(
+        {
+            "train/entropy": batch_entropy,
+            "train/entropy_sample_min": float(sample_entropy.min()),
+            "train/mpt_frac": float(mpt.sum()) / n_tokens,
+            "train/masked_frac": float(loss_mask.sum()) / n_tokens,
+            "train/mask_active_frac": float(active.float().mean()),
+            "train/groups": float(len(set(batch.group_ids.tolist()))),
+            "train/samples": float(len(kept)),
+            "train/tokens": float(n_tokens),
+            "train/adv_abs_mean": float(adv.abs().mean()),
+        }
+    )
+
+    model.train()
+    acc: dict[str, float] = {}
+    pg_loss_total = 0.0
+    grad_norms: list[float] = []
+    for mb_rows in split_minibatches(batch.group_ids.tolist(), train.updates_per_step):
+        mb = batch.rows(mb_rows)
+        mb_tokens = mb.num_response_tokens
+        mb_idx = torch.tensor(mb_rows, dtype=torch.long)
+        for rows in micro_batches(mb, train.micro_batch_tokens):
+            sub = mb.rows(rows)
+            idx = mb_idx[torch.tensor(rows, dtype=torch.long)]
+            width = sub.targets.shape[1]
+            with autocast_ctx(train.bf16, device):
+                logits = forward_logits(model, sub, device)
+            lp = logprobs_from_logits(logits, sub.targets.to(device), temperature)
+            loss, m = policy_loss(
+                lp,
+                old_lp[idx, :width].to(device),
+                adv[idx].to(device),
+                sub.response_mask.to(device),
+                loss_mask=loss_mask[idx, :width].to(device),
+                eps_low=algo.eps_low,
+                eps_high=algo.eps_high,
+                num_tokens=mb_tokens,
+            )
+            if not torch.isfinite(loss):
+                backend.zero_grad()
+                model.eval()
+                metrics["train/nonfinite"] = 1.0
+                return UpdateResult(False, metrics, reason=f"non-finite loss ({float(loss)}); update refused")
+            backend.backward(loss)
+            pg_loss_total += float(loss.detach())
+            _weighted(acc, m, sub.num_response_tokens / n_tokens)
+        norm = backend.step()
+        if not math.isfinite(norm):
+            metrics["train/nonfinite"] = 1.0
+            model.eval()
+            return UpdateResult(False, metrics, reason=f"non-finite gradient norm ({norm}); update refused")
+        grad_norms.append(norm)
+    model.eval()
+
+    metrics.update(
+        {
+            "train/pg_loss": pg_loss_total / max(1, len(grad_norms)),
+            "train/clip_frac": acc.get("clip_frac", 0.0),
+            "train/ratio_mean": acc.get("ratio_mean", 1.0),
+            "train/ratio_max": acc.get("ratio_max", 1.0),
+            "train/ratio_min": acc.get("ratio_min", 1.0),
+            "train/grad_norm": sum(grad_norms) / len(grad_norms),
+            "train/updates": float(len(grad_norms)),
+        }
+    )
+    return UpdateResult(True, metrics, kept_samples=kept, loss_mask=loss_mask, batch=batch)
+
+
+@torch.no_grad()
+def segment_logprobs(
+    model: torch.nn.Module,
+    samples: list[Sample],
+    temperature: float,
+    pad_token_id: int,
+    token_budget: int,
+    device: torch.device,
+    bf16: bool = False,
+) -> None:
+    """SAIS: append the training model's log-probs of each sample's newest segment to ``old_logprobs``.
+
+    Called right after a segment is decoded, at the policy version that decoded it.
+    """
+    if not samples:
+        return
+    batch = build_train_batch(samples, pad_token_id)
+    lp, _ = current_token_stats(model, batch, temperature, token_budget, device, bf16)
+    for b, s in enumerate(samples):
+        seg = s.segments[-1]
+        p = len(s.prompt_ids)
+        have = len(s.old_logprobs)
+        start = max(seg.start, have)
+        s.old_logprobs.extend(lp[b, p - 1 + start : p - 1 + seg.end].tolist())

@@ -38,6 +38,7 @@ from ulorl.train.update import policy_update, segment_logprobs
 
 log = logging.getLogger("ulorl.train")
 
+RUN_ID_FILE = "mlflow_run_id"
 StepCallback = Callable[[int, dict[str, float], Optional[Path]], None]
 
 
@@ -135,6 +136,7 @@ class Trainer:
         step_callback: Optional[StepCallback] = None,
         progress: bool = True,
         fail_at_step: Optional[int] = None,
+        eval_at_start: bool = False,
     ) -> None:
         self.cfg = cfg
         self.resume_dir = find_resume_dir(cfg, resume) if resume else None
@@ -145,6 +147,7 @@ class Trainer:
         self.step_callback = step_callback
         self.show_progress = progress
         self.fail_at_step = fail_at_step
+        self.eval_at_start = eval_at_start
         self.stop = _StopFlag()
         self.run_id: Optional[str] = None
 
@@ -215,6 +218,10 @@ class Trainer:
 
     def _start_tracking(self) -> None:
         cfg = self.cfg
+        id_file = self.run_dir / RUN_ID_FILE
+        if not self.run_id and id_file.is_file():
+            # restarted before its first checkpoint: nothing was flushed, reuse the run (no duplicate)
+            self.run_id = id_file.read_text().strip()
         if self.run_id:
             self.tracker = RunTracker.resume(self.tracking_uri, self.run_id)
             self.tracker.set_tags({"ulorl.resumed_at_step": str(self.step)})
@@ -237,6 +244,8 @@ class Trainer:
             parent_run_id=self.parent_run_id,
         )
         self.run_id = self.tracker.run_id
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(self.run_id + "\n")
         self.tracker.log_text(config_to_yaml(cfg), "config/resolved.yaml")
 
     # ------------------------------------------------------------------ checkpoint
@@ -365,6 +374,10 @@ class Trainer:
         last: dict[str, float] = {}
         t_start = time.perf_counter() - self.wall_s
         try:
+            if self.eval_at_start and cfg.eval.every and self.step == 0 and not self.last_eval:
+                self.last_eval = self._eval()
+                if self.tracker is not None:
+                    self.tracker.add_metrics(self.last_eval, 0)
             while self.step < cfg.train.max_steps and self.stop.signal is None:
                 if cfg.train.max_wall_s and self.wall_s >= cfg.train.max_wall_s:
                     log.info("train.max_wall_s reached at step %d", self.step)

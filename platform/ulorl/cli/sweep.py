@@ -1,0 +1,74 @@
+"""``ulorl-sweep SWEEP.yaml`` — Ray Tune trials of the full trainer with Optuna search, tracked in MLflow."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ulorl-sweep",
+        description="Launch a sweep of full UloRL training trials (Ray Tune + Optuna); every trial is an MLflow child run.",
+        epilog="Example: ulorl-sweep sweeps/mpt_threshold.yaml",
+    )
+    p.add_argument("sweep", help="sweep spec YAML (see sweeps/)")
+    p.add_argument("--tracking-uri", help="MLflow URI (else $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)")
+    p.add_argument("--address", help="join an existing Ray cluster (default: start Ray on 127.0.0.1)")
+    p.add_argument("--output-dir", default="runs", help="where sweep state, trial checkpoints and Tune results go")
+    p.add_argument("--resume", action="store_true", help="continue the last run of this sweep after the driver stopped")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the trials and their resources")
+    p.add_argument("--num-cpus", type=int, help="CPUs for the local Ray (default: all)")
+    p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    from ulorl.sweep.spec import SweepError, load_sweep
+
+    try:
+        spec, base_path, _ = load_sweep(args.sweep)
+    except SweepError as exc:
+        print(f"ulorl-sweep: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        from ulorl.config import config_from_dict
+        from ulorl.rollout.engines import vllm_available
+        from ulorl.sweep.launch import describe_trials
+
+        trials = describe_trials(spec)
+        print(f"sweep {spec.name}: base {base_path}, {len(trials)} trial(s), search {spec.search.algorithm}, "
+              f"metric {spec.metric} ({spec.mode}), max concurrent {spec.max_concurrent}")
+        for t in trials:
+            print("  " + json.dumps(t, default=str))
+        _, _, base = load_sweep(args.sweep)
+        if config_from_dict(base).rollout.engine == "vllm" and not vllm_available():
+            print("note: rollout.engine=vllm needs the 'gpu' extra (pip install 'ulorl[gpu]'); trials would fail here")
+        return 0
+    from ulorl.sweep.launch import SweepRunner, print_ranking
+
+    try:
+        runner = SweepRunner(args.sweep, tracking_uri=args.tracking_uri, address=args.address,
+                             output_dir=args.output_dir, resume=args.resume, num_cpus=args.num_cpus)
+        summary = runner.run()
+    except (SweepError, FileNotFoundError) as exc:
+        print(f"ulorl-sweep: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary, default=str))
+    else:
+        print_ranking(summary, spec)
+    if summary["errors"]:
+        print(f"ulorl-sweep: {len(summary['errors'])} trial(s) failed for good:", file=sys.stderr)
+        for e in summary["errors"]:
+            print("  " + e.splitlines()[0], file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,356 @@
+"""Run a sweep: Ray Tune trials of the full trainer, Optuna search, MLflow parent + child runs.
+
+* The driver makes every path absolute (Tune trials run in a temporary working directory).
+* The sweep is an MLflow parent run; each trial is a child run (``mlflow.parentRunId``) tagged
+  with its trial id. With more than one concurrent trial on a ``sqlite:`` store, the driver serves
+  the file through a local ``mlflow server`` on 127.0.0.1 for the trials (SQLite locks under
+  concurrent writers) and stops it at the end.
+* A failing trial is retried (``FailureConfig``) and resumes from its own checkpoint into the same
+  MLflow run; ``--resume`` restores the Tune experiment after the driver was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict, flatten_config
+from ulorl.sweep.spec import SweepSpec, grid_trials, load_sweep
+from ulorl.tracking import resolve_tracking_uri, schema
+from ulorl.tracking.run import RunTracker, get_or_create_experiment
+
+STATE_FILE = "sweep_state.json"
+FAIL_ENV = "ULORL_INJECT_FAILURE"   # "STEP:MARKER_PATH": fail once at STEP (tests of fault tolerance)
+
+
+# --------------------------------------------------------------------------- trial side
+def trial_fn(config: dict[str, Any]) -> None:
+    """Ray Tune function trainable: one full ``ulorl-train`` run with the trial's overrides."""
+    import ray.tune as tune
+
+    from ulorl.train.trainer import Trainer
+
+    ctx = tune.get_context()
+    trial_id = ctx.get_trial_id()
+    meta = config["__ulorl__"]
+    overrides = dict(meta["fixed"])
+    overrides.update(meta.get("trial_overrides") or {})
+    overrides.update({k: v for k, v in config.items() if k != "__ulorl__"})
+    rep = int(meta.get("repeat", 0))
+    base = meta["base_dict"]
+    if rep:
+        seeded = apply_overrides(base, overrides)
+        overrides["train.seed"] = int(seeded.get("train", {}).get("seed", 0)) + rep
+        overrides["rollout.seed"] = int(seeded.get("rollout", {}).get("seed", 0)) + rep
+    overrides["train.threads"] = max(1, int(meta["cpu"]))
+    cfg = config_from_dict(apply_overrides(base, overrides), source=meta["base_path"])
+
+    run_dir = Path(meta["sweep_dir"]) / "trials" / trial_id
+    _restore_tune_checkpoint(tune.get_checkpoint(), run_dir)
+    from ulorl.train.checkpoint import latest_checkpoint
+
+    resume = str(run_dir) if latest_checkpoint(run_dir) is not None else None
+    fail_at = None
+    inj = os.environ.get(FAIL_ENV)
+    if inj:
+        step_s, marker = inj.split(":", 1)
+        if not Path(marker).exists():
+            Path(marker).write_text(trial_id)
+            fail_at = int(step_s)
+
+    tags = {schema.TRIAL_TAG: trial_id, schema.SWEEP_TAG: meta["sweep_name"], **meta["tags"]}
+    if meta.get("variant"):
+        tags[schema.VARIANT_TAG] = meta["variant"]
+    metrics_names = meta["metrics"]
+
+    def report(step: int, metrics: dict[str, float], ckpt: Optional[Path]) -> None:
+        out = {k: float(v) for k, v in metrics.items()}
+        out["step"] = step
+        for name in metrics_names:  # Tune must always see the objective: last known value
+            out.setdefault(name, last_obj.get(name, float("nan")))
+            last_obj[name] = out[name]
+        if ckpt is not None:
+            tune.report(out, checkpoint=tune.Checkpoint.from_directory(str(ckpt)))
+        else:
+            tune.report(out)
+
+    last_obj: dict[str, float] = {}
+    Trainer(
+        cfg, run_dir=run_dir, resume=resume, tracking_uri=meta["trial_tracking_uri"],
+        parent_run_id=meta["parent_run_id"], extra_tags=tags, step_callback=report, progress=False,
+        fail_at_step=fail_at, eval_at_start=True,
+    ).run()
+
+
+def _restore_tune_checkpoint(checkpoint: Any, run_dir: Path) -> None:
+    """On another machine, Tune hands back the trial's checkpoint: put it where the trainer looks."""
+    from ulorl.train.checkpoint import LATEST, checkpoint_root, latest_checkpoint
+
+    if checkpoint is None or latest_checkpoint(run_dir) is not None:
+        return
+    with checkpoint.as_directory() as d:
+        src = Path(d)
+        dst = checkpoint_root(run_dir) / src.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+        (checkpoint_root(run_dir) / LATEST).write_text(dst.name + "\n")
+
+
+# --------------------------------------------------------------------------- driver side
+def _search_space(spec: SweepSpec) -> dict[str, Any]:
+    from ray import tune
+
+    out: dict[str, Any] = {}
+    for key, dim in spec.space.items():
+        k = dim.kind
+        if k == "choice":
+            out[key] = tune.choice(dim.choice)
+        elif k == "grid":
+            out[key] = tune.grid_search(dim.grid)
+        elif k == "uniform":
+            out[key] = tune.uniform(*dim.uniform)
+        elif k == "loguniform":
+            out[key] = tune.loguniform(*dim.loguniform)
+        else:
+            out[key] = tune.randint(dim.randint[0], dim.randint[1] + 1)
+    return out
+
+
+def describe_trials(spec: SweepSpec) -> list[dict[str, Any]]:
+    """What ``--dry-run`` prints: the trials (grid) or the space and sample count (optuna)."""
+    res = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
+    if spec.search.algorithm == "grid":
+        return [{**t, "resources": res} for t in grid_trials(spec) for _ in range(spec.num_samples)]
+    return [{"trial": i, "space": {k: d.model_dump(exclude_none=True) for k, d in spec.space.items()},
+             "resources": res} for i in range(spec.num_samples)]
+
+
+class SweepRunner:
+    def __init__(
+        self,
+        sweep_path: str | Path,
+        *,
+        tracking_uri: Optional[str] = None,
+        address: Optional[str] = None,
+        output_dir: Optional[str | Path] = None,
+        resume: bool = False,
+        num_cpus: Optional[int] = None,
+    ) -> None:
+        self.sweep_path = Path(sweep_path).resolve()
+        self.spec, self.base_path, self.base = load_sweep(self.sweep_path)
+        self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        self.address = address
+        self.output_dir = Path(output_dir or "runs").resolve()
+        self.sweep_dir = self.output_dir / "sweeps" / self.spec.name
+        self.resume = resume
+        self.num_cpus = num_cpus
+        self._server: Any = None
+
+    # ---------------------------------------------------------------- tracking
+    def _parent_run(self) -> str:
+        state_path = self.sweep_dir / STATE_FILE
+        if self.resume:
+            if not state_path.is_file():
+                raise FileNotFoundError(f"--resume: no sweep state at {state_path}; run the sweep without --resume first")
+            state = json.loads(state_path.read_text())
+            RunTracker.resume(self.tracking_uri, state["parent_run_id"])
+            return state["parent_run_id"]
+        if self.sweep_dir.exists():
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            self.sweep_dir = self.sweep_dir.with_name(f"{self.spec.name}-{stamp}")
+        self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        base_cfg = config_from_dict(self.base, str(self.base_path))
+        experiment = self.spec.experiment or base_cfg.tracking.experiment
+        space_params = {f"space.{k}": json.dumps(d.model_dump(exclude_none=True)) for k, d in self.spec.space.items()}
+        space_params.update({f"fixed.{k}": v for k, v in self.spec.overrides.items()})
+        space_params.update({"sweep.metric": self.spec.metric, "sweep.mode": self.spec.mode,
+                             "sweep.num_samples": self.spec.num_samples, "sweep.search": self.spec.search.algorithm,
+                             "sweep.max_concurrent": self.spec.max_concurrent,
+                             "sweep.resources.cpu": self.spec.resources.cpu, "sweep.resources.gpu": self.spec.resources.gpu})
+        tracker = RunTracker.start(
+            self.tracking_uri, experiment, f"sweep-{self.spec.name}", space_params,
+            {schema.KIND_TAG: "sweep", schema.SWEEP_TAG: self.spec.name, "ulorl.sweep_dir": str(self.sweep_dir),
+             **self.spec.tags},
+        )
+        tracker.log_text(self.sweep_path.read_text(), "sweep/spec.yaml")
+        state_path.write_text(json.dumps({"parent_run_id": tracker.run_id, "experiment": experiment,
+                                          "tracking_uri": self.tracking_uri}))
+        (self.output_dir / "sweeps" / f"{self.spec.name}.latest").write_text(str(self.sweep_dir))
+        return tracker.run_id
+
+    def _trial_uri(self) -> str:
+        if self.spec.max_concurrent > 1 and self.tracking_uri.startswith("sqlite:"):
+            from ulorl.sweep.server import MlflowServer
+
+            self._server = MlflowServer(self.tracking_uri)
+            self._server.start()
+            return self._server.uri
+        return self.tracking_uri
+
+    # ---------------------------------------------------------------- run
+    def run(self) -> dict[str, Any]:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        import ray
+        from ray import tune
+
+        if self.resume:
+            latest = self.output_dir / "sweeps" / f"{self.spec.name}.latest"
+            if latest.is_file():
+                self.sweep_dir = Path(latest.read_text().strip())
+        parent = self._parent_run()
+        trial_uri = self._trial_uri()
+        try:
+            if self.address:
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=True)
+            else:
+                ray.init(num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
+                         log_to_driver=True, ignore_reinit_error=True)
+            meta = {
+                "base_dict": self.base, "base_path": str(self.base_path), "sweep_dir": str(self.sweep_dir),
+                "sweep_name": self.spec.name, "parent_run_id": parent, "trial_tracking_uri": trial_uri,
+                "tags": dict(self.spec.tags), "metrics": self.spec.metrics, "cpu": self.spec.resources.cpu,
+                "fixed": {**self.spec.overrides,
+                          **({"train.max_steps": self.spec.stop.steps} if self.spec.stop.steps else {}),
+                          **({"train.max_wall_s": self.spec.stop.wall_s} if self.spec.stop.wall_s else {})},
+            }
+            trainable = tune.with_resources(trial_fn, {"cpu": self.spec.resources.cpu, "gpu": self.spec.resources.gpu})
+            storage = str(self.sweep_dir / "tune")
+            if self.resume and tune.Tuner.can_restore(os.path.join(storage, self.spec.name)):
+                tuner = tune.Tuner.restore(os.path.join(storage, self.spec.name), trainable,
+                                           resume_unfinished=True, resume_errored=True)
+            else:
+                tuner = self._new_tuner(trainable, meta, storage)
+            results = tuner.fit()
+            errors = [str(r.error) for r in results if r.error is not None]
+        finally:
+            if self._server is not None:
+                self._server.stop()
+            ray.shutdown()
+        summary = self._finish(parent)
+        summary["errors"] = errors
+        return summary
+
+    def _new_tuner(self, trainable: Any, meta: dict[str, Any], storage: str) -> Any:
+        from ray import tune
+
+        spec = self.spec
+        single = len(spec.metrics) == 1
+        tune_kwargs: dict[str, Any] = {"max_concurrent_trials": spec.max_concurrent}
+        if spec.search.algorithm == "grid":
+            trials = grid_trials(spec)
+            metas = [{**meta, "trial_overrides": t["overrides"], "variant": t["variant"], "repeat": t["repeat"],
+                      "tags": {**meta["tags"], **t["tags"]}} for t in trials]
+            param_space = {"__ulorl__": tune.grid_search(metas)}
+            tune_kwargs["num_samples"] = spec.num_samples
+        else:
+            import optuna
+            from ray.tune.search import ConcurrencyLimiter
+            from ray.tune.search.optuna import OptunaSearch
+
+            storage_url = f"sqlite:///{self.sweep_dir / 'optuna.db'}"
+            sampler = (optuna.samplers.TPESampler(seed=spec.search.seed) if single
+                       else optuna.samplers.NSGAIISampler(seed=spec.search.seed))
+            searcher = OptunaSearch(
+                metric=spec.metrics if not single else spec.metrics[0],
+                mode=spec.modes if not single else spec.modes[0],
+                sampler=sampler, study_name=spec.name,
+                storage=optuna.storages.RDBStorage(storage_url),
+            )
+            tune_kwargs["search_alg"] = ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)
+            tune_kwargs["num_samples"] = spec.num_samples
+            param_space = {"__ulorl__": meta, **_search_space(spec)}
+        if single:
+            tune_kwargs["metric"] = spec.metrics[0]
+            tune_kwargs["mode"] = spec.modes[0]
+        if spec.scheduler is not None:
+            from ray.tune.schedulers import ASHAScheduler
+
+            steps = meta["fixed"].get("train.max_steps") or config_from_dict(self.base).train.max_steps
+            tune_kwargs["scheduler"] = ASHAScheduler(
+                time_attr="training_iteration", max_t=int(steps), grace_period=spec.scheduler.grace_period,
+                reduction_factor=spec.scheduler.reduction_factor,
+            )
+        return tune.Tuner(
+            trainable,
+            param_space=param_space,
+            tune_config=tune.TuneConfig(**tune_kwargs),
+            run_config=tune.RunConfig(
+                name=spec.name, storage_path=storage, verbose=1,
+                failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            ),
+        )
+
+    # ---------------------------------------------------------------- ranking
+    def _finish(self, parent: str) -> dict[str, Any]:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(self.tracking_uri)
+        ranking = ranking_from_mlflow(client, parent, self.spec.metrics[0], self.spec.modes[0])
+        tracker = RunTracker(client, parent)
+        csv = ranking_csv(ranking)
+        tracker.log_text(csv, "sweep/ranking.csv")
+        best = ranking[0] if ranking else None
+        if best is not None:
+            tracker.log_dict(best, "sweep/best.json")
+            tracker.set_tags({"ulorl.best_run_id": best["run_id"]})
+            if best.get("objective") is not None:
+                tracker.add_metrics({f"best/{self.spec.metrics[0]}": best["objective"]}, step=0)
+        tracker.add_metrics({"sweep/trials": len(ranking)}, step=0)
+        tracker.end("FINISHED")
+        return {"parent_run_id": parent, "ranking": ranking, "best": best, "sweep_dir": str(self.sweep_dir),
+                "tracking_uri": self.tracking_uri}
+
+
+def ranking_from_mlflow(client: Any, parent_run_id: str, metric: str, mode: str) -> list[dict[str, Any]]:
+    """Child runs of a sweep, ranked by the objective's last value (what MLflow holds)."""
+    parent = client.get_run(parent_run_id)
+    runs = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                              max_results=1000)
+    rows = []
+    for r in runs:
+        obj = r.data.metrics.get(metric)
+        varied = {k: v for k, v in r.data.params.items() if k in schema.KEY_PARAMS}
+        rows.append({"run_id": r.info.run_id, "trial_id": r.data.tags.get(schema.TRIAL_TAG, ""),
+                     "variant": r.data.tags.get(schema.VARIANT_TAG, ""), "status": r.info.status,
+                     "objective": obj, "steps": r.data.metrics.get("train/policy_version"), **varied})
+    sign = -1 if mode == "max" else 1
+    rows.sort(key=lambda x: (x["objective"] is None, sign * (x["objective"] or 0.0)))
+    return rows
+
+
+def ranking_csv(rows: list[dict[str, Any]]) -> str:
+    import pandas as pd
+
+    return pd.DataFrame(rows).to_csv(index=False)
+
+
+def print_ranking(summary: dict[str, Any], spec: SweepSpec, file: Any = sys.stdout) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = summary["ranking"]
+    table = Table(title=f"sweep {spec.name}: trials ranked by {spec.metrics[0]} ({spec.modes[0]})")
+    cols = ["rank", "trial_id", "variant", "objective", "status"] + [k for k in schema.KEY_PARAMS if any(k in r for r in rows)]
+    for c in cols:
+        table.add_column(c)
+    for i, r in enumerate(rows, 1):
+        vals = [str(i)] + [("-" if r.get(c) is None else (f"{r[c]:.4f}" if isinstance(r.get(c), float) else str(r.get(c))))
+                           for c in cols[1:]]
+        table.add_row(*vals)
+    console = Console(file=file)
+    console.print(table)
+    if summary["best"]:
+        b = summary["best"]
+        console.print(f"best: run {b['run_id']} (trial {b['trial_id']}) {spec.metrics[0]}={b['objective']}")
+        console.print("best config: " + json.dumps({k: b[k] for k in schema.KEY_PARAMS if k in b}))
+    console.print(f"parent run: {summary['parent_run_id']}  tracking: {summary['tracking_uri']}")
+
+
+def flat_overrides_of(cfg: ExperimentConfig) -> dict[str, Any]:
+    return flatten_config(cfg)

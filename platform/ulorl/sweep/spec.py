@@ -1,0 +1,238 @@
+"""Sweep specs: a base experiment, a search space over dotted experiment keys, and how to search it.
+
+Example (``sweeps/mpt_threshold.yaml``)::
+
+    name: mpt_threshold
+    base: ../experiments/quickstart.yaml      # relative to this file
+    overrides: {train.max_steps: 20}           # applied to every trial
+    space:
+      algo.mpt.tau: {choice: [0.9, 0.95, 0.99]}
+      algo.mpt.sigma: {uniform: [0.1, 0.6]}
+    search: {algorithm: optuna, seed: 0}
+    metric: eval/heldout/avg_at_k
+    mode: max
+    num_samples: 4
+    max_concurrent: 2
+    resources: {cpu: 1, gpu: 0}
+
+Every error (unknown key in the space, a value the experiment schema rejects, ASHA with several
+objectives, a missing base file) is raised by ``load_sweep`` before anything starts, with the key path.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ulorl.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict, known_keys, read_yaml
+
+
+class SweepError(ValueError):
+    """A sweep spec is invalid; the message names the file and key path."""
+
+
+class _S(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Dim(_S):
+    """One search dimension: exactly one of the fields is set."""
+
+    choice: Optional[list[Any]] = None
+    grid: Optional[list[Any]] = None
+    uniform: Optional[tuple[float, float]] = None
+    loguniform: Optional[tuple[float, float]] = None
+    randint: Optional[tuple[int, int]] = Field(None, description="integers in [low, high] inclusive")
+
+    @model_validator(mode="after")
+    def _one(self) -> "Dim":
+        set_ = [k for k in ("choice", "grid", "uniform", "loguniform", "randint") if getattr(self, k) is not None]
+        if len(set_) != 1:
+            raise ValueError(f"give exactly one of choice / grid / uniform / loguniform / randint, got {set_ or 'none'}")
+        kind = set_[0]
+        if kind in ("choice", "grid") and not getattr(self, kind):
+            raise ValueError(f"{kind} needs at least one value")
+        if kind in ("uniform", "loguniform", "randint"):
+            lo, hi = getattr(self, kind)
+            if not lo < hi:
+                raise ValueError(f"{kind} needs low < high, got [{lo}, {hi}]")
+            if kind == "loguniform" and lo <= 0:
+                raise ValueError("loguniform needs low > 0")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("choice", "grid", "uniform", "loguniform", "randint") if getattr(self, k) is not None)
+
+    def probe_values(self) -> list[Any]:
+        """Values that must all validate against the experiment schema."""
+        k = self.kind
+        if k in ("choice", "grid"):
+            return list(getattr(self, k))
+        lo, hi = getattr(self, k)
+        return [lo, hi]
+
+
+class Variant(_S):
+    name: str
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class SearchConfig(_S):
+    algorithm: Literal["optuna", "grid"] = "optuna"
+    seed: int = 0
+
+
+class SchedulerConfig(_S):
+    type: Literal["asha"] = "asha"
+    grace_period: int = Field(5, ge=1)
+    reduction_factor: float = Field(2.0, gt=1)
+
+
+class TrialResources(_S):
+    cpu: float = Field(1.0, gt=0)
+    gpu: float = Field(0.0, ge=0)
+
+
+class StopConfig(_S):
+    steps: Optional[int] = Field(None, ge=1, description="sets train.max_steps of every trial")
+    wall_s: Optional[float] = Field(None, gt=0, description="sets train.max_wall_s of every trial")
+
+
+class SweepSpec(_S):
+    name: str
+    base: str
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    space: dict[str, Dim] = Field(default_factory=dict)
+    variants: list[Variant] = Field(default_factory=list)
+    repeats: int = Field(1, ge=1, description="seeds per configuration (train.seed / rollout.seed offsets)")
+    tags: dict[str, str] = Field(default_factory=dict)
+    search: SearchConfig = SearchConfig()
+    metric: Union[str, list[str]] = "eval/heldout/avg_at_k"
+    mode: Union[Literal["max", "min"], list[Literal["max", "min"]]] = "max"
+    num_samples: int = Field(4, ge=1, description="optuna: trials; grid: repeats of the whole grid")
+    max_concurrent: int = Field(1, ge=1)
+    resources: TrialResources = TrialResources()
+    scheduler: Optional[SchedulerConfig] = None
+    stop: StopConfig = StopConfig()
+    max_failures: int = Field(2, ge=0, description="retries of a failing trial, from its checkpoint")
+    experiment: Optional[str] = Field(None, description="MLflow experiment (default: the base's tracking.experiment)")
+
+    @model_validator(mode="after")
+    def _checks(self) -> "SweepSpec":
+        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
+        modes = self.mode if isinstance(self.mode, list) else [self.mode]
+        if len(metrics) != len(modes):
+            raise ValueError(f"metric has {len(metrics)} entries but mode has {len(modes)}")
+        if self.scheduler is not None and len(metrics) > 1:
+            raise ValueError("scheduler (ASHA) works with a single objective only; remove scheduler or use one metric")
+        if len(metrics) > 1 and self.search.algorithm != "optuna":
+            raise ValueError("several objectives need search.algorithm: optuna (multi-objective TPE)")
+        if self.search.algorithm == "optuna":
+            grid = [k for k, d in self.space.items() if d.kind == "grid"]
+            if grid:
+                raise ValueError(f"space.{grid[0]}: 'grid' needs search.algorithm: grid (use 'choice' with optuna)")
+            if self.variants:
+                raise ValueError("variants need search.algorithm: grid (each variant is run as listed)")
+        return self
+
+    @property
+    def metrics(self) -> list[str]:
+        return self.metric if isinstance(self.metric, list) else [self.metric]
+
+    @property
+    def modes(self) -> list[str]:
+        return self.mode if isinstance(self.mode, list) else [self.mode]
+
+
+def _errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid sweep spec in {source}:"]
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {path}: {msg}")
+    return "\n".join(lines)
+
+
+def _check_key(key: str, where: str, source: str) -> None:
+    keys = known_keys()
+    if key in keys or any(key.startswith(k + ".") for k in ("tracking.tags", "model.rope_scaling")):
+        return
+    import difflib
+
+    near = difflib.get_close_matches(key, sorted(keys), n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    raise SweepError(f"{source}: {where}: unknown experiment key {key!r}{hint}")
+
+
+def _validate_with(base: dict[str, Any], overrides: dict[str, Any], where: str, source: str) -> ExperimentConfig:
+    try:
+        return config_from_dict(apply_overrides(base, overrides), source=f"{source} ({where})")
+    except ConfigError as exc:
+        raise SweepError(str(exc)) from None
+
+
+def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
+    """Parse and fully validate a sweep. Returns (spec, absolute base path, base experiment dict)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SweepError(f"sweep file not found: {p}")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SweepError(f"{p}: not valid YAML: {exc}") from None
+    if isinstance(raw, dict):
+        raw.setdefault("name", p.stem)
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SweepError(_errors(err, str(p))) from None
+    base_path = (p.parent / spec.base).resolve()
+    if not base_path.is_file():
+        raise SweepError(f"{p}: base: experiment file not found: {base_path}")
+    try:
+        base = read_yaml(base_path)
+    except ConfigError as exc:
+        raise SweepError(f"{p}: base: {exc}") from None
+    base.setdefault("name", base_path.stem)
+    fixed = dict(spec.overrides)
+    if spec.stop.steps:
+        fixed["train.max_steps"] = spec.stop.steps
+    if spec.stop.wall_s:
+        fixed["train.max_wall_s"] = spec.stop.wall_s
+    for key in fixed:
+        _check_key(key, f"overrides.{key}", str(p))
+    fixed_cfg = _validate_with(base, fixed, "overrides", str(p))
+    for key, dim in spec.space.items():
+        _check_key(key, f"space.{key}", str(p))
+        for value in dim.probe_values():
+            _validate_with(base, {**fixed, key: value}, f"space.{key}={value!r}", str(p))
+    for i, var in enumerate(spec.variants):
+        for key in var.overrides:
+            _check_key(key, f"variants[{i}].overrides.{key}", str(p))
+        _validate_with(base, {**fixed, **var.overrides}, f"variants[{i}] ({var.name})", str(p))
+    if spec.metrics == ["eval/heldout/avg_at_k"] and fixed_cfg.eval.every == 0 and "eval.every" not in spec.space:
+        raise SweepError(f"{p}: metric eval/heldout/avg_at_k needs periodic evaluation (eval.every > 0 in the base)")
+    return spec, base_path, base
+
+
+def grid_trials(spec: SweepSpec) -> list[dict[str, Any]]:
+    """All trial override sets of a grid sweep: variants x grid/choice product x repeats."""
+    keys = list(spec.space)
+    values = [spec.space[k].probe_values() if spec.space[k].kind in ("grid", "choice") else None for k in keys]
+    if any(v is None for v in values):
+        bad = keys[values.index(None)]
+        raise SweepError(f"space.{bad}: continuous ranges need search.algorithm: optuna")
+    variants = spec.variants or [Variant(name="")]
+    out = []
+    for var in variants:
+        for combo in itertools.product(*values) if keys else [()]:
+            for rep in range(spec.repeats):
+                out.append({"variant": var.name, "overrides": {**var.overrides, **dict(zip(keys, combo))},
+                            "tags": dict(var.tags), "repeat": rep})
+    return out

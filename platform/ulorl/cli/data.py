@@ -1,0 +1,282 @@
+"""``ulorl-data``: the embedded synthetic task and the warm-started tiny model.
+
+    ulorl-data warmstart                          # build (or reuse) the cached warm start
+    ulorl-data warmstart --out platform/ulorl/assets/embedded --force   # rebuild the shipped copy
+    ulorl-data stats                              # length distribution + accuracy by length (table)
+    ulorl-data stats --json --n 256 --seed 0      # the same as one JSON object on stdout
+    ulorl-data sample --n 3                       # print a few task items with their solutions
+
+Subcommands:
+  warmstart  short supervised pass on the task until held-out accuracy (temperature 0.85) reaches
+             the target; cached under $ULORL_CACHE_DIR/warmstart/<config hash> (default
+             ~/.cache/ulorl); --out copies the result (weights, config, tokenizer) to a folder.
+  stats      token lengths of reference solutions (p50/p90/p99/max/mean) over N held-out items
+             and the model's held-out accuracy at rollout sampling settings (temperature 0.85,
+             top_p 1.0, no top_k, max 512 new tokens) by reference-length bucket.
+  sample     show generated task items (prompt, reference solution, answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+
+class DataCliError(Exception):
+    """A user-facing error (bad flag value, missing model folder)."""
+
+
+def _log(msg: str) -> None:
+    print(f"[ulorl-data] {msg}", file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ulorl-data", description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", metavar="{warmstart,stats,sample}")
+
+    w = sub.add_parser("warmstart", help="build (or reuse) the warm-started embedded model",
+                       description="Supervised warm start of the embedded tiny Qwen3 on the synthetic task; "
+                                   "stops when held-out accuracy reaches --target-acc.")
+    w.add_argument("--out", default=None, help="also copy the result to this folder (e.g. platform/ulorl/assets/embedded)")
+    w.add_argument("--force", action="store_true", help="rebuild even if a cached build with this config exists")
+    w.add_argument("--seed", type=int, default=None, help="training seed (default 0)")
+    w.add_argument("--target-acc", type=float, default=None, help="stop at this held-out accuracy (default 0.35)")
+    w.add_argument("--max-steps", type=int, default=None, help="optimizer-step guard (default 3000)")
+    w.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default 50)")
+    w.add_argument("--threads", type=int, default=None, help="torch threads (default min(2, cores))")
+    w.add_argument("--quiet", action="store_true", help="no progress output")
+    w.add_argument("--json", action="store_true", help="print the manifest as one JSON object on stdout")
+
+    s = sub.add_parser("stats", help="length distribution and held-out accuracy by length",
+                       description="Token-length distribution of reference solutions and the model's held-out "
+                                   "accuracy at rollout sampling settings, by length bucket.")
+    s.add_argument("--n", type=int, default=256, help="held-out items (default 256)")
+    s.add_argument("--seed", type=int, default=0, help="held-out split seed (default 0); sampling uses it too")
+    s.add_argument("--model", default="embedded", help="model to evaluate: 'embedded' (shipped), a folder or HF id")
+    s.add_argument("--no-accuracy", action="store_true", help="lengths only (no model sampling)")
+    s.add_argument("--max-new-tokens", type=int, default=512, help="global max response length (default 512)")
+    s.add_argument("--temperature", type=float, default=0.85)
+    s.add_argument("--top-p", type=float, default=1.0)
+    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--threads", type=int, default=None, help="torch threads (default min(2, cores))")
+    s.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
+
+    e = sub.add_parser("sample", help="print a few task items")
+    e.add_argument("--split", choices=["train", "heldout"], default="heldout")
+    e.add_argument("--n", type=int, default=3)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--json", action="store_true", help="print one JSON object {items: [...]} on stdout")
+    return p
+
+
+# ----------------------------------------------------------------------------- warmstart
+
+
+def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
+    from ulorl.models.warmstart import WarmStartConfig, ensure_warmstart, warmstart_dir, with_overrides
+
+    if args.target_acc is not None and not 0.0 < args.target_acc <= 1.0:
+        raise DataCliError(f"--target-acc must be in (0, 1], got {args.target_acc}")
+    for name in ("max_steps", "eval_every", "threads"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise DataCliError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    cfg = with_overrides(WarmStartConfig(), seed=args.seed, target_acc=args.target_acc,
+                         max_steps=args.max_steps, eval_every=args.eval_every, threads=args.threads)
+    t0 = time.time()
+    cache = warmstart_dir(cfg)
+    if not args.quiet:
+        _log(f"config hash {cfg.cache_key()} -> {cache}")
+    folder, manifest, reused = ensure_warmstart(cfg, force=args.force, out=Path(args.out) if args.out else None,
+                                                quiet=args.quiet)
+    dt = time.time() - t0
+    if not args.quiet:
+        _log(("reused cached build" if reused else "built") + f" in {dt:.1f}s: {folder} "
+             f"(status {manifest['status']}, {manifest['steps']} steps, held-out acc {manifest['final_acc']:.3f})")
+    return {"folder": str(folder), "cache_dir": str(cache), "reused": reused, "seconds": round(dt, 2),
+            **{k: manifest[k] for k in ("cache_key", "status", "steps", "final_acc", "train_s", "parameters")}}
+
+
+# ----------------------------------------------------------------------------- stats
+
+
+def _percentiles(values: list[int]) -> dict[str, float]:
+    import numpy as np
+
+    a = np.asarray(values, dtype=float)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "max": float(a.max()), "mean": round(float(a.mean()), 2)}
+
+
+def _reward_fn():
+    """``ulorl.reward.verify.compute_reward`` (math-verify with an integer fast path) when present."""
+    try:
+        from ulorl.reward.verify import compute_reward
+
+        return compute_reward, "ulorl.reward.verify.compute_reward"
+    except ImportError:
+        from ulorl.data.task import is_correct
+
+        return (lambda text, ref, truncated: float((not truncated) and is_correct(text, ref))), "exact boxed integer"
+
+
+def compute_stats(n: int, seed: int, model_name: Optional[str], max_new_tokens: int = 512,
+                  temperature: float = 0.85, top_p: float = 1.0, batch_size: int = 64,
+                  threads: Optional[int] = None, progress: bool = True) -> dict[str, Any]:
+    """Length percentiles of ``n`` held-out references and (if ``model_name``) accuracy by length bucket."""
+    import os
+
+    import torch
+
+    from ulorl.data.task import bucket_labels, length_bucket, make_split, reference_solution
+    from ulorl.models.loading import load_policy, load_tokenizer
+
+    torch.set_num_threads(threads or min(2, os.cpu_count() or 1))
+    items = make_split("heldout", n, seed=seed)
+    tok = load_tokenizer(model_name or "embedded")
+    lens = [len(tok(reference_solution(it), add_special_tokens=False)["input_ids"]) + 1 for it in items]  # + EOS
+    labels = bucket_labels()
+    counts = {b: 0 for b in labels}
+    for L in lens:
+        counts[length_bucket(L)] += 1
+    out: dict[str, Any] = {
+        "n": n, "seed": seed, "split": "heldout", "length_unit": "tokens (reference solution + EOS)",
+        "length_percentiles": _percentiles(lens), "bucket_counts": counts,
+    }
+    if model_name is None:
+        return out
+    model, tok = load_policy(model_name)
+    reward, reward_name = _reward_fn()
+    from ulorl.models.warmstart import generate_responses
+
+    order = sorted(range(n), key=lambda i: lens[i])
+    t0 = time.time()
+    done = [0]
+
+    def on_batch(k: int) -> None:
+        done[0] += k
+        if progress:
+            _log(f"sampled {done[0]}/{n} responses ({time.time() - t0:.0f}s)")
+
+    res = generate_responses(model, tok, [items[i].prompt for i in order], max_new_tokens, temperature, top_p,
+                             batch_size=batch_size, seed=seed, on_batch=on_batch)
+    correct = [0.0] * n
+    truncated = 0
+    for i, (text, hit_eos) in zip(order, res):
+        correct[i] = reward(text, items[i].answer, not hit_eos)
+        truncated += not hit_eos
+    by: dict[str, list[float]] = {b: [] for b in labels}
+    for L, c in zip(lens, correct):
+        by[length_bucket(L)].append(c)
+    out.update({
+        "model": model_name,
+        "accuracy": sum(correct) / max(n, 1),
+        "accuracy_by_length": {b: (sum(v) / len(v) if v else None) for b, v in by.items()},
+        "truncated": truncated,
+        "sampling": {"temperature": temperature, "top_p": top_p, "top_k": -1, "max_new_tokens": max_new_tokens},
+        "verifier": reward_name,
+        "sampling_s": round(time.time() - t0, 1),
+    })
+    return out
+
+
+def print_stats_table(st: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    lp = st["length_percentiles"]
+    t = Table(title=f"reference solution length in tokens ({st['n']} held-out items, seed {st['seed']})")
+    for c in ("p50", "p90", "p99", "max", "mean"):
+        t.add_column(c, justify="right")
+    t.add_row(*(f"{lp[c]:g}" for c in ("p50", "p90", "p99", "max", "mean")))
+    con.print(t)
+    t2 = Table(title="held-out accuracy by reference length" + (
+        f" (model {st['model']}, T={st['sampling']['temperature']}, top_p={st['sampling']['top_p']}, "
+        f"max {st['sampling']['max_new_tokens']} tokens)" if "accuracy" in st else ""))
+    t2.add_column("length bucket")
+    t2.add_column("items", justify="right")
+    if "accuracy" in st:
+        t2.add_column("accuracy", justify="right")
+    for b, cnt in st["bucket_counts"].items():
+        row = [b, str(cnt)]
+        if "accuracy" in st:
+            a = st["accuracy_by_length"][b]
+            row.append("-" if a is None else f"{a:.3f}")
+        t2.add_row(*row)
+    if "accuracy" in st:
+        t2.add_row("all", str(st["n"]), f"{st['accuracy']:.3f}", style="bold")
+    con.print(t2)
+    if "accuracy" in st:
+        con.print(f"verifier: {st['verifier']}; truncated: {st['truncated']}; sampling took {st['sampling_s']}s")
+
+
+def cmd_stats(args: argparse.Namespace) -> dict[str, Any]:
+    if args.n < 1:
+        raise DataCliError(f"--n must be >= 1, got {args.n}")
+    if args.max_new_tokens < 1:
+        raise DataCliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not 0.0 < args.top_p <= 1.0:
+        raise DataCliError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.temperature <= 0:
+        raise DataCliError(f"--temperature must be > 0, got {args.temperature}")
+    from ulorl.models.loading import ModelLoadError
+
+    try:
+        return compute_stats(args.n, args.seed, None if args.no_accuracy else args.model, args.max_new_tokens,
+                             args.temperature, args.top_p, args.batch_size, args.threads)
+    except ModelLoadError as exc:
+        raise DataCliError(str(exc)) from None
+
+
+# ----------------------------------------------------------------------------- sample
+
+
+def cmd_sample(args: argparse.Namespace) -> dict[str, Any]:
+    from ulorl.data.task import make_split, reference_solution
+
+    if args.n < 0:
+        raise DataCliError(f"--n must be >= 0, got {args.n}")
+    items = make_split(args.split, args.n, seed=args.seed)
+    return {"items": [{"id": it.id, "prompt": it.prompt, "solution": reference_solution(it), "answer": it.answer,
+                       "num_terms": it.meta["num_terms"]} for it in items]}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        if args.command == "warmstart":
+            res = cmd_warmstart(args)
+        elif args.command == "stats":
+            res = cmd_stats(args)
+        else:
+            res = cmd_sample(args)
+    except DataCliError as exc:
+        print(f"ulorl-data {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ulorl-data {args.command}: interrupted", file=sys.stderr)
+        return 130
+    if getattr(args, "json", False):
+        print(json.dumps(res))
+    elif args.command == "stats":
+        print_stats_table(res)
+    elif args.command == "sample":
+        for it in res["items"]:
+            print(f"# {it['id']} ({it['num_terms']} terms, answer {it['answer']})\n{it['prompt']}{it['solution']}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""``ulorl-tables``: rebuild the paper's Tables 1-3 and Figures 2, 4, 5 from the MLflow store.
+
+    ulorl-tables --tracking-uri sqlite:///$PWD/mlflow.db --out paper_tables/
+
+Writes table{1,2,3}.md / .tex (booktabs) / .csv, fig{2,4,5}.png and cells.csv (every cell -> its
+MLflow run ids). Cells without runs read "not run"; the notes under each table name the command
+that produces them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ulorl-tables", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tracking-uri", default=None, help="MLflow URI (else $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    p.add_argument("--out", default="paper_tables", help="output folder (created)")
+    p.add_argument("--experiment", default=None, help="only runs of this MLflow experiment (default: all)")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON summary object on stdout")
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ulorl.tracking import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):])
+        if not db.is_file():
+            print(f"ulorl-tables: note: {db} does not exist yet; an empty store gives 'not run' everywhere",
+                  file=sys.stderr)
+    from mlflow.exceptions import MlflowException
+
+    from ulorl.report.store import RunStore
+    from ulorl.report.tables import to_markdown, build_tables, find_hints, write_all
+
+    print(f"[ulorl-tables] reading {uri}", file=sys.stderr, flush=True)
+    try:
+        store = RunStore.open(uri, experiment=args.experiment)
+    except MlflowException as exc:
+        print(f"ulorl-tables: error: cannot read the MLflow store {uri}: {exc.message}", file=sys.stderr)
+        return 2
+    print(f"[ulorl-tables] {len(store.runs())} runs; writing {args.out}", file=sys.stderr, flush=True)
+    hints = find_hints()
+    summary = write_all(store, args.out, hints)
+    summary["tracking_uri"] = uri
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for t in build_tables(store, hints):
+            print(to_markdown(t))
+        for key, f in summary["figures"].items():
+            state = "not run" if f["not_run"] else f"{f['runs']} run(s): {', '.join(f['lines'])}"
+            print(f"{key}.png: {state}")
+        print(f"\nwrote {len(summary['files'])} files to {summary['out']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

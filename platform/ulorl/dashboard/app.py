@@ -1,0 +1,50 @@
+"""The Streamlit app: sidebar (store, refresh, selection) and ``st.navigation`` over the pages.
+
+Run by ``dashboard/app.py`` (in the repository) or ``ulorl/dashboard/streamlit_app.py`` (when
+installed), both of which only call :func:`main`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import streamlit as st
+
+from ulorl.dashboard import PAGES_DIR, cache, ui
+from ulorl.tracking import resolve_tracking_uri
+
+# (file under pages/, title, url path, icon)
+PAGES: tuple[tuple[str, str, str, str], ...] = (
+    ("runs.py", "Runs", "runs", ":material/table:"),
+    ("curves.py", "Curves", "curves", ":material/show_chart:"),
+    ("speedup.py", "Speedup", "speedup", ":material/speed:"),
+    ("benchmarks.py", "Benchmarks", "benchmarks", ":material/leaderboard:"),
+    ("sweep.py", "Sweep", "sweep", ":material/tune:"),
+    ("detail.py", "Run detail", "detail", ":material/article:"),
+)
+
+
+def _sidebar() -> None:
+    with st.sidebar:
+        st.markdown("### UloRL runs")
+        if "_uri_input" not in st.session_state:
+            st.session_state["_uri_input"] = resolve_tracking_uri()
+        uri = st.text_input("Tracking URI", key="_uri_input",
+                            help="Defaults to $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db")
+        st.session_state[ui.URI_KEY] = uri.strip() or resolve_tracking_uri()
+        if st.button("Refresh data", key="_refresh", help=f"Queries are cached for {cache.QUERY_TTL_S} s"):
+            cache.clear()
+        n = len(ui.selection())
+        st.caption(f"{n} run(s) selected" if n else "No runs selected: pages show recent runs.")
+
+
+def main() -> None:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    st.set_page_config(page_title="UloRL dashboard", page_icon=":material/monitoring:", layout="wide")
+    pages = [
+        st.Page(PAGES_DIR / fname, title=title, url_path=path, icon=icon, default=(i == 0))
+        for i, (fname, title, path, icon) in enumerate(PAGES)
+    ]
+    nav = st.navigation(pages)
+    _sidebar()
+    nav.run()

@@ -1,0 +1,1 @@
+"""Page scripts run by ``st.navigation`` (each renders when executed as ``__main__``)."""

@@ -1,0 +1,55 @@
+"""Benchmarks: avg@k and pass@k with confidence intervals per run and benchmark, deltas against a
+chosen baseline run, and the paper's Table 2 (and Table 3) rows for reference."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ulorl.dashboard import charts, frames, paper_ref, ui
+
+NONE = "(none)"
+PERCENT_COLS = ("avg_at_k", "pass_at_k", "ci_low", "ci_high", "delta_avg", "delta_pass")
+
+
+def render() -> None:
+    st.title("Benchmarks")
+    runs = ui.load_runs()
+    table = frames.benchmark_table(runs)
+    if table.empty:
+        ui.empty_state("No benchmark results (`eval/<bench>/avg_at_k`) in this store yet: evaluate a "
+                       "checkpoint, or train with periodic held-out eval (`eval.every`).", ui.EVAL_HINT)
+
+    with_results = runs[runs["run_id"].isin(table["run_id"])]
+    eval_first = list(with_results.sort_values(["kind", "start_time"], ascending=[True, False])["run_id"][:12])
+    chosen = ui.select_runs("Runs", with_results, page="benchmarks", default=eval_first)
+    c1, c2 = st.columns([3, 1])
+    benches = sorted(table["bench"].unique())
+    picked = c2.multiselect("Benchmarks", benches, default=benches, key="bench_benches")
+    shown = table[table["run_id"].isin(chosen) & table["bench"].isin(picked)]
+    if shown.empty:
+        st.info("Select runs and benchmarks above.")
+    else:
+        names = ui.run_names(with_results)
+        baseline = c1.selectbox("Baseline run for deltas", [NONE] + list(dict.fromkeys(shown["run_id"])),
+                                key="bench_baseline", format_func=lambda r: names.get(r, r))
+        out = frames.benchmark_deltas(shown, None if baseline == NONE else baseline)
+        pct = out.copy()
+        for col in PERCENT_COLS:
+            pct[col] = pct[col] * 100.0
+        st.dataframe(pct.drop(columns=["run_id"]), hide_index=True, key="bench_table", column_config={
+            col: st.column_config.NumberColumn(col.replace("_at_", "@") + " (%)", format="%.1f")
+            for col in PERCENT_COLS
+        })
+        st.altair_chart(charts.benchmark_chart(pct), width="stretch", key="bench_chart")
+        st.caption("Bars: avg@k (%); whiskers: the confidence interval logged by ulorl-eval "
+                   "(`ci_low` / `ci_high`, a bootstrap over problems).")
+
+    st.subheader("Paper Table 2 (avg@32, %)")
+    st.dataframe(paper_ref.table2(), hide_index=True, key="bench_paper2")
+    with st.expander("Paper Table 3: output length"):
+        st.dataframe(paper_ref.table3(), hide_index=True, key="bench_paper3")
+    st.caption(paper_ref.CITATION)
+
+
+if __name__ == "__main__":
+    render()

@@ -1,0 +1,77 @@
+"""Speedup: per sweep, time per step and finished samples per second by segment count, relative
+to the sweep's S = 1 baseline (per rollout.batching), beside the paper's Table 1."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from ulorl.dashboard import cache, charts, frames, paper_ref, ui
+
+SPEED_METRICS = ("time/step_s", "rollout/finished")
+
+
+def render() -> None:
+    st.title("Speedup")
+    uri = ui.tracking_uri()
+    runs = ui.load_runs()
+    seg_col = frames.param_col("rollout.segments")
+    train = ui.of_kind(runs, "train")
+    if seg_col in train:
+        train = train[train[seg_col].notna()]
+    if train.empty:
+        ui.empty_state("No training runs with `rollout.segments` in this store yet.", ui.SEGMENTS_HINT)
+    groups = frames.sweep_groups(train)
+    # Groups that vary the segment count and contain S = 1 first.
+    def rank(g: str) -> tuple[int, int, str]:
+        segs = pd.to_numeric(train.loc[groups == g, seg_col], errors="coerce")
+        return (-int(segs.nunique() > 1), -int((segs == 1).any()), g)
+    options = sorted(groups.unique(), key=rank)
+    group = st.selectbox("Sweep (or experiment config for runs outside a sweep)", options, key="speedup_group")
+    members = train[groups == group]
+
+    hist = cache.histories(uri, tuple(members["run_id"]), SPEED_METRICS)
+    stats = frames.rollout_stats(hist)
+    table = frames.speedup_table(stats, members)
+    if table.empty:
+        ui.empty_state(f"The runs of `{group}` logged no `time/step_s` yet.", ui.SEGMENTS_HINT)
+    if table["step_speedup"].isna().all():
+        st.warning("No S = 1 run in this group: relative columns are empty. Add a baseline run with "
+                   "`rollout.segments=1`.")
+
+    left, right = st.columns(2)
+    with left:
+        st.subheader(f"Measured: {group}")
+        st.dataframe(table, hide_index=True, key="speedup_table", column_config={
+            "median_step_s": st.column_config.NumberColumn("median s/step", format="%.3f"),
+            "finished_per_s": st.column_config.NumberColumn("finished/s", format="%.2f"),
+            "step_speedup": st.column_config.NumberColumn("step speedup (x)", format="%.2f"),
+            "throughput_x": st.column_config.NumberColumn("throughput (x)", format="%.2f"),
+        })
+        has_base = table["step_speedup"].notna().any()
+        st.altair_chart(charts.speedup_chart(table, "step_speedup" if has_base else "median_step_s",
+                                             "step speedup vs S=1 (x)" if has_base else "median s/step"),
+                        width="stretch", key="speedup_chart")
+        if table["throughput_x"].notna().any():
+            st.altair_chart(charts.speedup_chart(table, "throughput_x", "finished samples/s vs S=1 (x)"),
+                            width="stretch", key="speedup_throughput")
+    with right:
+        st.subheader("Paper Table 1")
+        t1 = paper_ref.table1()
+        st.dataframe(t1, hide_index=True, key="speedup_paper")
+        st.altair_chart(charts.paper_table1_chart(t1), width="stretch", key="speedup_paper_chart")
+        setting = paper_ref.TABLE1_SETTING
+        st.caption(f"{setting.get('model')}, {setting.get('max_response_len')} token outputs. "
+                   f"{paper_ref.CITATION}.")
+    with st.expander("Per run"):
+        names = dict(zip(members["run_id"], members["run_name"]))
+        per_run = stats.assign(run=stats["run_id"].map(names))
+        meta = members[["run_id", seg_col]].rename(columns={seg_col: "segments"})
+        bat = frames.param_col("rollout.batching")
+        if bat in members:
+            meta = meta.assign(batching=members[bat].to_numpy())
+        st.dataframe(per_run.merge(meta, on="run_id"), hide_index=True, key="speedup_runs")
+
+
+if __name__ == "__main__":
+    render()

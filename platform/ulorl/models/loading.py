@@ -1,0 +1,104 @@
+"""Load a causal LM and its tokenizer: the shipped embedded model or any local path / HF id.
+
+The embedded model is stored with ``save_pretrained``, so one code path serves both::
+
+    model, tok = load_policy()                          # platform/ulorl/assets/embedded
+    model, tok = load_policy("/models/Qwen3-4B", dtype="bfloat16", device="cuda",
+                             rope_scaling={"rope_type": "yarn", "factor": 1.5,
+                                           "original_max_position_embeddings": 95232})
+
+Tokenizers are loaded with ``padding_side="left"`` (rollouts pad on the left).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+EMBEDDED = "embedded"
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer could not be loaded; the message names the path or id."""
+
+
+def embedded_model_dir() -> Path:
+    """Folder of the shipped warm-started embedded model (weights, config, tokenizer)."""
+    return Path(__file__).resolve().parent.parent / "assets" / "embedded"
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """``"embedded"`` -> the shipped asset folder; anything else unchanged (path or HF id)."""
+    if name_or_path == EMBEDDED:
+        d = embedded_model_dir()
+        if not (d / "config.json").is_file():
+            raise ModelLoadError(
+                f"the embedded model is missing from {d}; build it with "
+                f"`ulorl-data warmstart --out {d}`"
+            )
+        return str(d)
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str = EMBEDDED, padding_side: str = "left", trust_remote_code: bool = False):
+    """Tokenizer with ``padding_side`` set at load (it is not kept when set afterwards)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, padding_side=padding_side, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load tokenizer from {name_or_path!r} ({path}): {exc}") from exc
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # many causal LMs ship without a pad token
+    return tok
+
+
+def load_policy(
+    name_or_path: str = EMBEDDED,
+    dtype: str = "float32",
+    device: str = "cpu",
+    rope_scaling: Optional[dict[str, Any]] = None,
+    trust_remote_code: bool = False,
+):
+    """Return ``(model, tokenizer)`` for a model name, local path or HF id (online only).
+
+    ``rope_scaling`` (e.g. YaRN) is merged into the config's rope parameters before the weights
+    load. The model is returned in eval mode on ``device``.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"model.dtype must be one of {_DTYPES}, got {dtype!r}")
+    path = resolve_model_path(name_or_path)
+    if name_or_path != EMBEDDED and os.path.sep in name_or_path and not Path(path).exists():
+        raise ModelLoadError(f"model path does not exist: {path}")
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load model config from {name_or_path!r} ({path}): {exc}") from exc
+    if rope_scaling:
+        _apply_rope_scaling(config, rope_scaling)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, config=config, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load model weights from {name_or_path!r} ({path}): {exc}") from exc
+    model.to(device).eval()
+    tok = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
+    return model, tok
+
+
+def _apply_rope_scaling(config: Any, rope_scaling: dict[str, Any]) -> None:
+    """Merge a rope-scaling dict into ``config`` (transformers 5 ``rope_parameters`` or older ``rope_scaling``)."""
+    rs = dict(rope_scaling)
+    if "type" in rs and "rope_type" not in rs:
+        rs["rope_type"] = rs.pop("type")
+    if isinstance(getattr(config, "rope_parameters", None), dict):
+        config.rope_parameters = {**config.rope_parameters, **rs}
+    else:
+        config.rope_scaling = rs

@@ -1,0 +1,406 @@
+"""Warm start of the embedded model: a short supervised pass that makes it an imperfect solver.
+
+Training: AdamW on packed rows of whole examples (prompt + reference solution + EOS), a
+block-diagonal causal mask and per-example position ids (so a packed row computes exactly what
+separate sequences would), cross-entropy on response tokens only.
+
+Stopping: every ``eval_every`` optimizer steps, ``eval_n`` held-out prompts are sampled at the
+rollout settings (temperature 0.85, top_p 1.0, no top_k); training stops as soon as accuracy
+reaches ``target_acc`` (accuracy jumps rather than ramps, so a step or minute budget would land
+anywhere between 0 and 0.9), with ``max_steps`` as a guard. Correctness for stopping is the exact
+integer match of the last ``\\boxed{}`` (``ulorl.data.task.is_correct``): the task's answers are
+integers, so on well-formed outputs this agrees with the math-verify reward.
+
+The result is cached under ``$ULORL_CACHE_DIR/warmstart/<hash>`` (default ``~/.cache/ulorl``),
+keyed by a hash of every setting that changes the weights; a cached build is reused at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence
+
+import torch
+
+from ulorl.data.task import DEFAULT_SPEC, TaskSpec, is_correct, iter_split, make_split, reference_solution
+from ulorl.data.types import PromptItem
+from ulorl.models.tiny import DEFAULT_TINY, TinySpec, build_tiny_model, count_parameters
+from ulorl.models.tokenizer import CORPUS_SEED, CORPUS_SIZE, DEFAULT_VOCAB_SIZE, build_tokenizer
+
+CODE_VERSION = 1  # bump when the training code changes the weights it produces
+MANIFEST = "warmstart.json"
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Every setting of the warm start; all but ``threads`` enter the cache key."""
+
+    seed: int = 0
+    lr: float = 2e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    grad_clip: float = 1.0
+    tokens_per_step: int = 8192
+    row_len: int = 512
+    bf16: bool = False              # bf16 autocast (slower than fp32 on CPU with the packed 4D mask)
+    eval_every: int = 50
+    eval_n: int = 128
+    eval_seed: int = 0              # held-out split seed used for the stopping evaluation
+    target_acc: float = 0.35        # stop when held-out accuracy >= this
+    max_steps: int = 3000
+    temperature: float = 0.85
+    top_p: float = 1.0
+    task: TaskSpec = DEFAULT_SPEC
+    tiny: TinySpec = DEFAULT_TINY
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    threads: Optional[int] = field(default=None, compare=False)
+
+    def key_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("threads")
+        d["code_version"] = CODE_VERSION
+        d["tokenizer_corpus"] = [CORPUS_SEED, CORPUS_SIZE]
+        return d
+
+    def cache_key(self) -> str:
+        blob = json.dumps(self.key_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    """``$ULORL_CACHE_DIR`` or ``~/.cache/ulorl``."""
+    env = os.environ.get("ULORL_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ulorl"
+
+
+def warmstart_dir(cfg: WarmStartConfig) -> Path:
+    return cache_root() / "warmstart" / cfg.cache_key()
+
+
+def is_complete(d: Path) -> bool:
+    """A build folder is usable once its manifest exists (written last)."""
+    return (d / MANIFEST).is_file() and (d / "config.json").is_file()
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def encode_example(tok, item: PromptItem) -> tuple[list[int], list[int]]:
+    """``(ids, loss_mask)`` of prompt + reference solution + EOS; mask is 1 on response tokens."""
+    p = tok(item.prompt, add_special_tokens=False)["input_ids"]
+    r = tok(reference_solution(item), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    return p + r, [0] * len(p) + [1] * len(r)
+
+
+@dataclass
+class PackedBatch:
+    """Rows of whole examples. ids/labels_mask/position_ids/segment: [B, T]; mask: [B, 1, T, T] bool."""
+
+    ids: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    attn_mask: torch.Tensor
+    n_examples: int
+
+
+def pack_rows(rows: Sequence[Sequence[tuple[list[int], list[int]]]], row_len: int, pad_id: int) -> PackedBatch:
+    """Lay out rows of whole examples (each row's total <= ``row_len``) as one packed batch.
+
+    Padding tokens form their own segment (-1) and carry no loss.
+    """
+    B = len(rows)
+    ids = torch.full((B, row_len), pad_id, dtype=torch.long)
+    lm = torch.zeros((B, row_len), dtype=torch.float32)
+    pos = torch.zeros((B, row_len), dtype=torch.long)
+    seg = torch.full((B, row_len), -1, dtype=torch.long)
+    n_ex = 0
+    for b, row in enumerate(rows):
+        t = 0
+        for j, (e_ids, e_mask) in enumerate(row):
+            n = len(e_ids)
+            if t + n > row_len:
+                raise ValueError(f"row {b} holds more than {row_len} tokens")
+            ids[b, t : t + n] = torch.tensor(e_ids)
+            lm[b, t : t + n] = torch.tensor(e_mask, dtype=torch.float32)
+            pos[b, t : t + n] = torch.arange(n)
+            seg[b, t : t + n] = j
+            t += n
+            n_ex += 1
+        pos[b, t:] = torch.arange(row_len - t)
+    causal = torch.tril(torch.ones(row_len, row_len, dtype=torch.bool))
+    mask = (seg[:, :, None] == seg[:, None, :]) & causal
+    return PackedBatch(ids, lm, pos, mask[:, None], n_examples=n_ex)
+
+
+def batch_stream(tok, cfg: WarmStartConfig, pool_size: int = 32) -> Iterator[PackedBatch]:
+    """Endless packed batches of ``tokens_per_step // row_len`` rows from the train split.
+
+    Rows are filled first-fit from a small look-ahead pool of examples (little padding, and the
+    stream order is otherwise kept).
+    """
+    items = iter_split("train", cfg.seed, cfg.task)
+    n_rows = max(1, cfg.tokens_per_step // cfg.row_len)
+    pool: list[tuple[list[int], list[int]]] = []
+    while True:
+        rows = []
+        for _ in range(n_rows):
+            row, used = [], 0
+            while True:
+                while len(pool) < pool_size:
+                    ex = encode_example(tok, next(items))
+                    if len(ex[0]) > cfg.row_len:
+                        raise ValueError(f"a task example of {len(ex[0])} tokens exceeds row_len {cfg.row_len}")
+                    pool.append(ex)
+                j = next((i for i, ex in enumerate(pool) if used + len(ex[0]) <= cfg.row_len), None)
+                if j is None:
+                    break
+                ex = pool.pop(j)
+                row.append(ex)
+                used += len(ex[0])
+            rows.append(row)
+        yield pack_rows(rows, cfg.row_len, tok.pad_token_id)
+
+
+def packed_loss(model, batch: PackedBatch) -> torch.Tensor:
+    """Mean next-token cross-entropy over response tokens of a packed batch (scalar)."""
+    logits = model(input_ids=batch.ids, attention_mask=batch.attn_mask, position_ids=batch.position_ids).logits
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    nll = -logp.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
+    m = batch.loss_mask[:, 1:]
+    return (nll * m).sum() / m.sum().clamp_min(1.0)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+@torch.no_grad()
+def generate_responses(
+    model,
+    tok,
+    prompts: Sequence[str],
+    max_new_tokens: int | Sequence[int] = 512,
+    temperature: float = 0.85,
+    top_p: float = 1.0,
+    batch_size: int = 64,
+    seed: int = 0,
+    on_batch: Optional[Callable[[int], None]] = None,
+) -> list[tuple[str, bool]]:
+    """Sample one response per prompt; returns ``(text, hit_eos)`` in prompt order.
+
+    Rollout settings by default (temperature 0.85, top_p 1.0, top_k off). Prompts are batched
+    in the given order (pass them sorted by expected length to waste less compute);
+    ``max_new_tokens`` may be one value per prompt (a batch uses its largest). A response that
+    stops without EOS is returned with ``hit_eos=False`` (truncated).
+    """
+    n = len(prompts)
+    caps = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    was_training = model.training
+    model.eval()
+    eos = tok.eos_token_id
+    out: list[tuple[str, bool]] = []
+    gen = torch.Generator().manual_seed(seed)
+    try:
+        for s in range(0, n, batch_size):
+            chunk = list(prompts[s : s + batch_size])
+            cap = max(caps[s : s + batch_size])
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+            seqs = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=0,
+                max_new_tokens=cap,
+                eos_token_id=eos,
+                pad_token_id=tok.pad_token_id,
+            )
+            new = seqs[:, enc["input_ids"].shape[1] :].tolist()
+            for row in new:
+                hit = eos in row
+                row = row[: row.index(eos)] if hit else row
+                out.append((tok.decode(row, skip_special_tokens=True), hit))
+            if on_batch:
+                on_batch(len(chunk))
+    finally:
+        model.train(was_training)
+    return out
+
+
+def heldout_accuracy(
+    model, tok, items: Sequence[PromptItem], temperature: float = 0.85, top_p: float = 1.0,
+    seed: int = 0, slack: float = 1.5, batch_size: int = 64,
+) -> tuple[float, list[bool]]:
+    """Accuracy (exact boxed integer) on ``items`` with a per-item cap of slack x reference + 16 tokens.
+
+    Items are sampled sorted by reference length; returns ``(accuracy, correct)`` in item order.
+    """
+    ref_len = [len(tok(reference_solution(it), add_special_tokens=False)["input_ids"]) + 1 for it in items]
+    order = sorted(range(len(items)), key=lambda i: ref_len[i])
+    caps = [int(slack * ref_len[i]) + 16 for i in order]
+    res = generate_responses(
+        model, tok, [items[i].prompt for i in order], caps, temperature, top_p, batch_size=batch_size, seed=seed
+    )
+    correct = [False] * len(items)
+    for i, (text, hit) in zip(order, res):
+        correct[i] = hit and is_correct(text, items[i].answer)
+    return sum(correct) / max(len(items), 1), correct
+
+
+# ----------------------------------------------------------------------------- training
+
+
+class _Reporter:
+    """Progress to stderr: a rich bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int, quiet: bool = False):
+        self.quiet = quiet
+        self.total = total
+        self.live = sys.stderr.isatty() and not quiet
+        self.t0 = self.last = time.time()
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(
+                TextColumn("warm start"), BarColumn(), TextColumn("step {task.completed}/{task.total}"),
+                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=Console(stderr=True),
+            )
+            self.task = self.progress.add_task("warm", total=total, info="")
+            self.progress.start()
+
+    def step(self, step: int, info: str) -> None:
+        if self.live:
+            self.progress.update(self.task, completed=step, info=info)
+        elif not self.quiet and time.time() - self.last >= 30:  # plain line every 30 s off a terminal
+            self.last = time.time()
+            self.log(f"step {step}/{self.total}: {info}")
+
+    def log(self, msg: str) -> None:
+        if self.quiet:
+            return
+        line = f"[warmstart {time.time() - self.t0:6.0f}s] {msg}"
+        if self.live:
+            self.progress.console.print(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.live:
+            self.progress.stop()
+
+
+def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) -> dict:
+    """Run the warm start and save model + tokenizer + manifest into ``out_dir``; returns the manifest."""
+    threads = cfg.threads or min(2, os.cpu_count() or 1)
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    tok = build_tokenizer(cfg.vocab_size)
+    model = build_tiny_model(tok, cfg.tiny, seed=cfg.seed)
+    model.train()
+    torch.manual_seed(cfg.seed)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=cfg.betas,
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
+    eval_items = make_split("heldout", cfg.eval_n, seed=cfg.eval_seed, spec=cfg.task)
+    stream = batch_stream(tok, cfg)
+    rep = _Reporter(cfg.max_steps, quiet)
+    rep.log(f"{count_parameters(model):,} parameters, vocab {len(tok)}, {threads} threads, target acc {cfg.target_acc}")
+    history: list[dict] = []
+    status, acc, step, loss_ema, tokens = "max_steps", 0.0, 0, float("nan"), 0
+    try:
+        for step in range(1, cfg.max_steps + 1):
+            batch = next(stream)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                loss = packed_loss(model, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            sched.step()
+            tokens += int(batch.ids.numel())
+            lv = float(loss.detach())
+            loss_ema = lv if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * lv
+            rep.step(step, f"loss {loss_ema:.3f} acc {acc:.2f}")
+            if step % cfg.eval_every == 0 or step == cfg.max_steps:
+                te = time.time()
+                acc, _ = heldout_accuracy(model, tok, eval_items, cfg.temperature, cfg.top_p, seed=cfg.eval_seed + step)
+                history.append({"step": step, "loss": round(loss_ema, 4), "acc": acc,
+                                "elapsed_s": round(time.time() - t0, 1), "eval_s": round(time.time() - te, 1)})
+                rep.log(f"step {step}: loss {loss_ema:.3f}, held-out acc {acc:.3f} (eval {time.time() - te:.1f}s)")
+                if acc >= cfg.target_acc:
+                    status = "target_reached"
+                    break
+    finally:
+        rep.close()
+    model.eval()
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    manifest = {
+        "cache_key": cfg.cache_key(),
+        "config": cfg.key_dict(),
+        "status": status,
+        "steps": step,
+        "tokens": tokens,
+        "final_acc": acc,
+        "parameters": count_parameters(model),
+        "train_s": round(time.time() - t0, 1),
+        "threads": threads,
+        "torch": torch.__version__,
+        "history": history,
+        "accuracy_check": "exact integer match of the last \\boxed{} (ulorl.data.task.is_correct)",
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(out_dir)
+    rep.log(f"{status} after {step} steps, acc {acc:.3f}, {manifest['train_s']}s -> {out_dir}")
+    return manifest
+
+
+def ensure_warmstart(
+    cfg: WarmStartConfig = WarmStartConfig(), force: bool = False, out: Optional[Path] = None, quiet: bool = False,
+) -> tuple[Path, dict, bool]:
+    """Build (or reuse) the cached warm start; optionally copy it to ``out``.
+
+    Returns ``(folder, manifest, reused)`` where folder is ``out`` when given, else the cache folder.
+    """
+    d = warmstart_dir(cfg)
+    reused = is_complete(d) and not force
+    if reused:
+        manifest = json.loads((d / MANIFEST).read_text())
+    else:
+        manifest = train_warmstart(cfg, d, quiet=quiet)
+    if out is not None:
+        out = Path(out)
+        if out.resolve() != d.resolve():
+            out.mkdir(parents=True, exist_ok=True)
+            for f in d.iterdir():
+                if f.is_file():
+                    shutil.copy2(f, out / f.name)
+        return out, manifest, reused
+    return d, manifest, reused
+
+
+def with_overrides(cfg: WarmStartConfig, **kw) -> WarmStartConfig:
+    return dataclasses.replace(cfg, **{k: v for k, v in kw.items() if v is not None})

@@ -1,0 +1,172 @@
+"""Figures 2, 4 and 5 of the paper from tracked training runs, drawn with matplotlib (Agg, no
+display, no pyplot global state).
+
+- fig2: ``train/entropy`` and accuracy (``rollout/reward_mean``) vs step, runs tagged fig2, one
+  line per run labelled by ``algo.is_mode``; one row of panels per ``rollout.max_response_len``.
+- fig4: ``train/entropy`` vs step, runs tagged fig4, labelled by ``algo.mpt.mode`` (off = baseline,
+  static = static MPT masking); one panel per model.
+- fig5: as fig4 for runs tagged fig5 (dynamic masking), with each run's target ``algo.mpt.sigma``
+  drawn as a dashed line.
+A figure with no runs is still written: it says "not run" and names the command that makes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ulorl.report.store import RunInfo, RunStore
+
+ENTROPY = "train/entropy"
+ACCURACY = "rollout/reward_mean"
+
+MODE_NAMES = {
+    "algo.is_mode": {"tois": "TOIS", "sais": "SAIS", "pois": "POIS"},
+    "algo.mpt.mode": {"off": "baseline (no masking)", "static": "static MPT masking", "dynamic": "DMMPT"},
+}
+# Params that may tell two runs of one figure apart (checked in this order).
+DISTINGUISHING = ("algo.is_mode", "algo.mpt.mode", "algo.eps_high", "algo.mpt.tau", "algo.mpt.sigma",
+                  "rollout.segments", "rollout.max_response_len", "rollout.batching", "model.name_or_path",
+                  "train.seed", "rollout.seed")
+
+
+@dataclass
+class Line:
+    """One run in one panel: its label and (steps, values) per metric."""
+
+    label: str
+    run_id: str
+    panel: str
+    series: dict[str, tuple[list[int], list[float]]]
+    target: Optional[float] = None   # fig5: the run's algo.mpt.sigma, drawn dashed in its colour
+
+
+@dataclass
+class PaperFigure:
+    key: str                                   # "fig2"
+    title: str
+    metrics: list[tuple[str, str]]             # (metric key, axis label): one column of panels each
+    panels: list[str]                          # one row of panels each
+    lines: list[Line] = field(default_factory=list)
+    hint: str = ""
+
+    def save(self, path: str | Path) -> None:
+        from matplotlib.figure import Figure
+
+        if not self.lines:
+            fig = Figure(figsize=(6.4, 3.2))
+            ax = fig.add_subplot(1, 1, 1)
+            ax.axis("off")
+            ax.text(0.5, 0.62, f"{self.title}\n\nnot run", ha="center", va="center", fontsize=12)
+            ax.text(0.5, 0.18, f"produce the runs with:\n{self.hint}", ha="center", va="center", fontsize=8, wrap=True)
+            fig.savefig(path, dpi=100)
+            return
+        nrows, ncols = len(self.panels), len(self.metrics)
+        fig = Figure(figsize=(5.2 * ncols, 3.4 * nrows + 0.6), layout="constrained")
+        axes = fig.subplots(nrows, ncols, squeeze=False)
+        labels = list(dict.fromkeys(ln.label for ln in self.lines))
+        colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
+        for i, panel in enumerate(self.panels):
+            for j, (metric, ylabel) in enumerate(self.metrics):
+                ax = axes[i][j]
+                for ln in self.lines:
+                    if ln.panel != panel or metric not in ln.series:
+                        continue
+                    steps, values = ln.series[metric]
+                    ax.plot(steps, values, label=ln.label, color=colors[ln.label], linewidth=1.4,
+                            marker="o" if len(steps) < 12 else None, markersize=3)
+                if metric == ENTROPY:
+                    targets = {ln.target: ln.label for ln in self.lines if ln.panel == panel and ln.target is not None}
+                    one = len(targets) == 1
+                    for sigma, lab in sorted(targets.items()):
+                        ax.axhline(sigma, color="k" if one else colors[lab], linestyle="--", linewidth=1.0,
+                                   label=f"target sigma = {sigma:g}")
+                ax.set_xlabel("training step")
+                ax.set_ylabel(ylabel)
+                ax.set_title(panel if len(self.metrics) == 1 else f"{panel}: {ylabel}", fontsize=9)
+                ax.grid(alpha=0.3)
+                if ax.get_legend_handles_labels()[0]:
+                    ax.legend(fontsize=7)
+        fig.suptitle(self.title, fontsize=11)
+        fig.savefig(path, dpi=110)
+
+    def cell_records(self) -> list[dict[str, str]]:
+        """cells.csv rows: one per (line, metric), value = last point; 'not run' when empty."""
+        if not self.lines:
+            return [{"table": self.key, "row": "", "column": m, "text": "not run", "value": "", "run_ids": "",
+                     "note": f"produce the runs with: {self.hint}"} for m, _ in self.metrics]
+        recs = []
+        for ln in self.lines:
+            for m, _ in self.metrics:
+                steps, values = ln.series.get(m, ([], []))
+                recs.append({
+                    "table": self.key, "row": f"{ln.panel} / {ln.label}", "column": m,
+                    "text": f"{values[-1]:.4g}" if values else "no points",
+                    "value": repr(float(values[-1])) if values else "", "run_ids": ln.run_id,
+                    "note": f"{len(values)} points, last at step {steps[-1]}" if values else "metric not logged",
+                })
+        return recs
+
+
+def _pretty(param: str, value: str) -> str:
+    return MODE_NAMES.get(param, {}).get(value, value)
+
+
+def _short(param: str) -> str:
+    return param.split(".")[-1]
+
+
+def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str]) -> list[str]:
+    """Label = primary param (pretty), plus whichever other params differ among runs whose labels
+    would otherwise collide, plus the run name as a last resort."""
+    base = [_pretty(primary, r.param(primary, "?")) for r in runs]
+    out = list(base)
+    for lab in set(base):
+        idx = [i for i, b in enumerate(base) if b == lab]
+        if len(idx) < 2:
+            continue
+        extra = [p for p in DISTINGUISHING if p not in (primary, panel_param)
+                 and len({runs[i].param(p) for i in idx}) > 1]
+        for i in idx:
+            parts = [f"{_short(p)}={runs[i].param(p)}" for p in extra]
+            out[i] = f"{lab} ({', '.join(parts)})" if parts else lab
+        if len({out[i] for i in idx}) < len(idx):
+            for i in idx:
+                out[i] = f"{out[i]} [{runs[i].name}]"
+    return out
+
+
+def _build(store: RunStore, key: str, title: str, metrics: list[tuple[str, str]], primary: str,
+           panel_param: Optional[str], panel_fmt: str, hint: str, sigma: bool = False) -> PaperFigure:
+    runs = [r for r in store.runs(paper_ref=key) if r.kind in ("train", "")]
+    panel_of = {r.run_id: (panel_fmt.format(r.param(panel_param, "?")) if panel_param else "") for r in runs}
+    panels = sorted(set(panel_of.values()), key=lambda s: (len(s), s)) or [""]
+    fig = PaperFigure(key, title, metrics, panels, hint=hint)
+    for panel in panels:
+        pruns = [r for r in runs if panel_of[r.run_id] == panel]
+        for r, lab in zip(pruns, _labels(pruns, primary, panel_param)):
+            series = {}
+            for m, _ in metrics:
+                steps, values = store.history(r.run_id, m)
+                if values:
+                    series[m] = (steps, values)
+            target = r.float_param("algo.mpt.sigma") if sigma and r.param("algo.mpt.mode") == "dynamic" else None
+            fig.lines.append(Line(lab, r.run_id, panel, series, target))
+    return fig
+
+
+def build_figures(store: RunStore, hints: dict[str, str]) -> list[PaperFigure]:
+    ent = (ENTROPY, "entropy (mean per token)")
+    acc = (ACCURACY, "accuracy (rollout reward mean)")
+    return [
+        _build(store, "fig2", "Fig. 2: entropy and accuracy of TOIS / SAIS / POIS", [ent, acc], "algo.is_mode",
+               "rollout.max_response_len", "max response len {}", hints["fig2"]),
+        _build(store, "fig4", "Fig. 4: entropy, baseline vs. static MPT masking", [ent], "algo.mpt.mode",
+               "model.name_or_path", "model {}", hints["fig4"]),
+        _build(store, "fig5", "Fig. 5: entropy under DMMPTs vs. target sigma", [ent], "algo.mpt.mode",
+               "model.name_or_path", "model {}", hints["fig5"], sigma=True),
+    ]
+
+
+__all__ = ["ACCURACY", "ENTROPY", "Line", "PaperFigure", "build_figures"]

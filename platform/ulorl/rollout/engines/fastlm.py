@@ -1,0 +1,299 @@
+"""A functional forward pass of Llama-family decoders (Qwen3, Qwen2, Llama, Mistral) for rollouts.
+
+``FastCausalLM`` reads the weights of a transformers ``*ForCausalLM`` once, packs q/k/v and
+gate/up into single matrices, and runs two primitives with no Python module dispatch:
+
+- ``prefill(ids, valid)``: a left-padded batch ``[n, T]`` -> its keys/values ``[L, 2, n, kvh, T, hd]``
+  and the logits of the last position ``[n, V]``;
+- ``decode(tok, pos, buckets, col_offset)``: one token per row, keys/values written in place
+  into preallocated per-bucket caches, ragged attention (each bucket attends only over its own
+  width) -> logits ``[B, V]``.
+
+Math is the model's own (RMSNorm, q/k-norm when present, the model's rotary tables, GQA,
+SiLU-gated MLP), so log-probs equal a full ``model(...)`` forward within float tolerance;
+``verify`` checks this numerically and the engine falls back to the model's forward if not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    wqkv: torch.Tensor
+    bqkv: Optional[torch.Tensor]
+    qkn: Optional[torch.Tensor]          # [nh + kvh, hd] q-norm / k-norm weights, or None
+    wo: torch.Tensor
+    bo: Optional[torch.Tensor]
+    ln2: torch.Tensor
+    wgu: torch.Tensor
+    bgu: Optional[torch.Tensor]
+    wd: torch.Tensor
+    bd: Optional[torch.Tensor]
+
+
+@dataclass
+class Bucket:
+    """Rows ``[start, start + n)`` of the decode batch with a shared cache width.
+
+    ``kv``: ``[L, 2, n, kvh, W, hd]``; a row with context length c holds it right-aligned in
+    columns ``[P - c, P)`` and decoded token j (j >= 1) at column ``P + j - 1``.
+    ``mask``: ``[n, 1, 1, W]`` bool (True = attend) or None when every row starts at column 0.
+    """
+
+    kv: torch.Tensor
+    mask: Optional[torch.Tensor]
+    P: int
+    start: int
+    n: int
+
+
+def unsupported_reason(model) -> Optional[str]:
+    """Why ``FastCausalLM`` cannot run ``model`` (None when it can)."""
+    cfg = getattr(model, "config", None)
+    mt = getattr(cfg, "model_type", None)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {mt!r} not in {SUPPORTED_MODEL_TYPES}"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        return "no .model.layers / .lm_head"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return "sliding-window layers"
+    if mt == "mistral" and getattr(cfg, "sliding_window", None):
+        return "mistral sliding window"
+    if not hasattr(inner, "rotary_emb"):
+        return "no rotary_emb module"
+    return None
+
+
+class FastCausalLM:
+    """Packed weights + the two forward primitives (see module docstring)."""
+
+    def __init__(self, model, device: torch.device, dtype: torch.dtype) -> None:
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"FastCausalLM cannot run this model: {reason}")
+        cfg = model.config
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        attn0 = model.model.layers[0].self_attn
+        self.nh = cfg.num_attention_heads
+        self.kvh = getattr(cfg, "num_key_value_heads", None) or self.nh
+        self.hd = getattr(attn0, "head_dim", None) or cfg.hidden_size // self.nh
+        self.nrep = self.nh // self.kvh
+        self.hidden = cfg.hidden_size
+        self.nlayers = len(model.model.layers)
+        self.eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
+        self.scaling = float(getattr(attn0, "scaling", self.hd ** -0.5))
+        self.q_dim = self.nh * self.hd
+        self.qk_dim = (self.nh + self.kvh) * self.hd
+        self._cos: Optional[torch.Tensor] = None
+        self._sin: Optional[torch.Tensor] = None
+        self.pack()
+
+    # ------------------------------------------------------------------------------ weights
+    def pack(self) -> None:
+        """(Re)read the model's weights (after a weight update)."""
+
+        def t(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return None if x is None else x.detach().to(self.device, self.dtype).contiguous()
+
+        m = self.model
+        layers = []
+        with torch.no_grad():
+            for layer in m.model.layers:
+                a, mlp = layer.self_attn, layer.mlp
+                bq = [getattr(p, "bias", None) for p in (a.q_proj, a.k_proj, a.v_proj)]
+                if any(b is not None for b in bq):
+                    outs = [p.weight.shape[0] for p in (a.q_proj, a.k_proj, a.v_proj)]
+                    bqkv = t(torch.cat([b if b is not None else torch.zeros(o, dtype=a.q_proj.weight.dtype,
+                                                                              device=a.q_proj.weight.device)
+                                        for b, o in zip(bq, outs)]))
+                else:
+                    bqkv = None
+                qkn = None
+                if hasattr(a, "q_norm") and hasattr(a, "k_norm"):
+                    qkn = t(torch.cat([a.q_norm.weight[None].expand(self.nh, -1),
+                                       a.k_norm.weight[None].expand(self.kvh, -1)]))
+                bg, bu = getattr(mlp.gate_proj, "bias", None), getattr(mlp.up_proj, "bias", None)
+                layers.append(_Layer(
+                    ln1=t(layer.input_layernorm.weight),
+                    wqkv=t(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                    bqkv=bqkv,
+                    qkn=qkn,
+                    wo=t(a.o_proj.weight),
+                    bo=t(getattr(a.o_proj, "bias", None)),
+                    ln2=t(layer.post_attention_layernorm.weight),
+                    wgu=t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    bgu=t(torch.cat([bg, bu])) if bg is not None and bu is not None else None,
+                    wd=t(mlp.down_proj.weight),
+                    bd=t(getattr(mlp.down_proj, "bias", None)),
+                ))
+            self.layers = layers
+            self.emb = t(m.model.embed_tokens.weight)
+            self.norm = t(m.model.norm.weight)
+            self.lm = t(m.lm_head.weight)
+            self.lm_b = t(getattr(m.lm_head, "bias", None))
+
+    def rope(self, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin_signed)`` tables ``[n_pos, hd]`` from the model's rotary module.
+
+        ``sin_signed = [-sin_lo, sin_hi]`` so that ``rope(x) = x * cos + roll(x, hd/2) * sin_signed``
+        equals the model's ``x * cos + rotate_half(x) * sin``.
+        """
+        if self._cos is None or self._cos.shape[0] < n_pos:
+            n = max(n_pos, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
+            rot = self.model.model.rotary_emb
+            ref = next(iter(rot.buffers()), None)
+            rdev = ref.device if ref is not None else torch.device("cpu")
+            with torch.no_grad():
+                x = torch.zeros(1, dtype=self.dtype, device=rdev)
+                cos, sin = rot(x, torch.arange(n, device=rdev)[None])
+            cos = cos[0].to(self.device, self.dtype)
+            sin = sin[0].to(self.device, self.dtype)
+            half = self.hd // 2
+            self._cos = cos.contiguous()
+            self._sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
+        return self._cos, self._sin
+
+    # ------------------------------------------------------------------------------ pieces
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * xf.to(x.dtype)
+
+    def _qk_norm(self, qk: torch.Tensor, w: _Layer) -> torch.Tensor:
+        if w.qkn is None:
+            return qk
+        if qk.dtype == torch.float32:
+            return F.rms_norm(qk, (self.hd,), None, self.eps) * w.qkn
+        return self._rms(qk, torch.ones(self.hd, dtype=qk.dtype, device=qk.device)) * w.qkn
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self._rms(x, self.norm), self.lm, self.lm_b).float()
+
+    def _mlp(self, x: torch.Tensor, w: _Layer) -> torch.Tensor:
+        h = self._rms(x, w.ln2)
+        g, u = F.linear(h, w.wgu, w.bgu).chunk(2, dim=-1)
+        return x + F.linear(F.silu(g) * u, w.wd, w.bd)
+
+    # ------------------------------------------------------------------------------ prefill
+    def prefill(self, ids: torch.Tensor, valid: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded ``ids [n, T]`` (``valid [n, T]`` bool, None = no padding) ->
+        ``(kv [L, 2, n, kvh, T, hd], last-position logits [n, V] float32)``.
+
+        Padded positions attend to themselves only, so every value stays finite.
+        """
+        n, T = ids.shape
+        if valid is None:
+            pos = torch.arange(T, device=ids.device).expand(n, T)
+            mask = None
+        else:
+            pos = (valid.long().cumsum(-1) - 1).clamp_(min=0)
+            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
+            mask = (causal[None] & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=ids.device)[None]
+            mask = mask[:, None]                                    # [n, 1, T, T]
+        cos_t, sin_t = self.rope(T)
+        cos, sin = cos_t[pos][:, :, None], sin_t[pos][:, :, None]   # [n, T, 1, hd]
+        kv = torch.empty(self.nlayers, 2, n, self.kvh, T, self.hd, dtype=self.dtype, device=self.device)
+        x = F.embedding(ids, self.emb)
+        half = self.hd // 2
+        for li, w in enumerate(self.layers):
+            h = self._rms(x, w.ln1)
+            qkv = F.linear(h, w.wqkv, w.bqkv)
+            qk = self._qk_norm(qkv[..., : self.qk_dim].view(n, T, self.nh + self.kvh, self.hd), w)
+            qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
+            q = qk[:, :, : self.nh].transpose(1, 2)
+            k = qk[:, :, self.nh:].transpose(1, 2)
+            v = qkv[..., self.qk_dim:].view(n, T, self.kvh, self.hd).transpose(1, 2)
+            kv[li, 0] = k
+            kv[li, 1] = v
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                               scale=self.scaling, enable_gqa=self.nrep > 1)
+            x = x + F.linear(o.transpose(1, 2).reshape(n, T, self.q_dim), w.wo, w.bo)
+            x = self._mlp(x, w)
+        return kv, self._logits(x[:, -1])
+
+    # ------------------------------------------------------------------------------ decode
+    def decode(self, tok: torch.Tensor, pos: torch.Tensor, buckets: list[Bucket], step: int) -> torch.Tensor:
+        """Feed decoded token ``step - 1`` (``tok [B]`` at positions ``pos [B]``) -> logits ``[B, V]``.
+
+        Writes its keys/values at column ``P_b + step - 1`` of each bucket's cache.
+        """
+        B = tok.shape[0]
+        cos_t, sin_t = self.rope(int(pos.max()) + 1)
+        cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]          # [B, 1, hd]
+        x = F.embedding(tok, self.emb)
+        half = self.hd // 2
+        single = len(buckets) == 1
+        for li, w in enumerate(self.layers):
+            h = self._rms(x, w.ln1)
+            qkv = F.linear(h, w.wqkv, w.bqkv)
+            qk = self._qk_norm(qkv[:, : self.qk_dim].view(B, self.nh + self.kvh, self.hd), w)
+            qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
+            k = qk[:, self.nh:]
+            v = qkv[:, self.qk_dim:].view(B, self.kvh, self.hd)
+            # GQA without repeating K/V: the nrep query heads of a kv head act as nrep queries
+            q = qk[:, : self.nh].reshape(B, self.kvh, self.nrep, self.hd)
+            outs = []
+            for b in buckets:
+                col = b.P + step - 1
+                s, e = b.start, b.start + b.n
+                kc, vc = b.kv[li, 0], b.kv[li, 1]
+                if single:
+                    kc[:, :, col] = k
+                    vc[:, :, col] = v
+                    qb = q
+                else:
+                    kc[:, :, col] = k[s:e]
+                    vc[:, :, col] = v[s:e]
+                    qb = q[s:e]
+                m = None if b.mask is None else b.mask[..., : col + 1]
+                outs.append(F.scaled_dot_product_attention(qb, kc[:, :, : col + 1], vc[:, :, : col + 1],
+                                                           attn_mask=m, scale=self.scaling))
+            o = outs[0] if single else torch.cat(outs)
+            x = x + F.linear(o.reshape(B, self.q_dim), w.wo, w.bo)
+            x = self._mlp(x, w)
+        return self._logits(x)
+
+    # ------------------------------------------------------------------------------ checks
+    @torch.no_grad()
+    def verify(self, tol: Optional[float] = None) -> float:
+        """Max |logit difference| vs ``model(...)`` on a small left-padded batch; raises if > tol."""
+        dev = self.device
+        vocab = self.emb.shape[0]
+        g = torch.Generator().manual_seed(1234)
+        ids = torch.randint(0, vocab, (2, 7), generator=g).to(dev)
+        valid = torch.ones(2, 7, dtype=torch.bool, device=dev)
+        valid[1, :3] = False
+        _, fast = self.prefill(ids, valid)
+        pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        mdev = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            ref = self.model(input_ids=ids.to(mdev), attention_mask=valid.long().to(mdev),
+                             position_ids=pos.to(mdev)).logits[:, -1].float().to(dev)
+        finally:
+            self.model.train(was_training)
+        diff = float((fast - ref).abs().max())
+        if tol is None:
+            tol = 1e-3 if self.dtype == torch.float32 else 0.25
+        scale = 1.0 + float(ref.abs().max())
+        if not diff <= tol * scale:
+            raise ValueError(f"fast forward disagrees with the model by {diff:.3g} (> {tol * scale:.3g})")
+        return diff

@@ -1,0 +1,494 @@
+"""The default rollout engine: a transformers causal LM with a hand-written KV-cache decode loop.
+
+    engine = HFEngine(model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      batching="compact")
+    results = engine.generate(requests, SamplingParams(temperature=0.85))
+    engine.update_weights(trainer_model.state_dict(), version=3)
+
+One ``generate`` call decodes every request in one batch (or ``max_batch_rows`` at a time):
+
+1. **Prefill.** Each distinct context ``prompt_ids + prefix_ids`` is prefilled once under the
+   current weights (the G new samples of a prompt share one prefill; continuations are
+   re-prefilled, never reused across calls, so a weight update can never leak stale keys).
+   Contexts are sorted by length and prefilled in length-homogeneous chunks (little padding).
+2. **Buckets.** Rows are grouped by context length into a few buckets; each bucket owns a
+   PREALLOCATED cache ``[L, 2, rows, kv_heads, width, head_dim]`` whose width is its own longest
+   context plus the decode budget, and attention runs per bucket — a short new prompt never pays
+   for the long context of a carried-over continuation in the same batch (ragged attention).
+   Left padding inside a bucket is masked; positions are per row.
+3. **Decode loop** (one token per row per iteration), in one of two regimes:
+   - ``static``: a row keeps its slot until every row of the batch is done (EOS or budget), so an
+     iteration costs the same however many rows finished — synchronous RL on a GPU;
+   - ``compact``: finished rows leave the batch: the caches are physically shrunk (copying only
+     the columns written so far) once at least ``compact_min_frac`` of the rows are done.
+
+Sampling (``sampling.py``): temperature / top-k / top-p / greedy, one counter-based uniform per
+(request seed, response position), so results do not depend on batch composition or regime.
+Returned log-probs are ``log_softmax(logits / T)`` of the sampled tokens, before truncation.
+
+Llama-family models (Qwen3, Qwen2, Llama) run on ``FastCausalLM`` (packed weights, no module
+dispatch; checked against ``model(...)`` at construction). Other models run the model's own
+forward with a transformers ``DynamicCache`` (same sampling, regimes and stats; slower).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Sequence
+
+import torch
+
+from ulorl.rollout.engines.fastlm import Bucket, FastCausalLM, unsupported_reason
+from ulorl.rollout.engines.sampling import combine_seed, counter_uniforms, sample_tokens
+from ulorl.rollout.types import EngineStats, GenerationRequest, GenerationResult, SamplingParams
+
+log = logging.getLogger(__name__)
+
+Batching = Literal["static", "compact"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class HFEngineStats(EngineStats):
+    """``EngineStats`` plus what the HF engine can say about one ``generate`` call.
+
+    ``context_tokens``: prompt + prefix tokens of all requests (what a naive engine prefills);
+    ``prefill_tokens``: tokens actually forwarded in prefill (after sharing identical contexts);
+    ``prefill_padded``: prefill tokens including padding; ``compactions``: cache shrinks;
+    ``buckets``: context buckets of the (first) batch; ``batches``: sequential batches.
+    """
+
+    context_tokens: int = 0
+    prefill_padded: int = 0
+    compactions: int = 0
+    buckets: int = 0
+    batches: int = 0
+
+
+@dataclass
+class _Row:
+    index: int            # position in the request list
+    ctx: list[int]
+    max_new: int
+    seed: int
+    start_pos: int        # response position of the first new token (= len(prefix))
+
+
+def plan_buckets(ctx_lens: Sequence[int], decode_len: int, max_buckets: int = 4,
+                 overhead: float = 256.0) -> list[tuple[int, int]]:
+    """Split rows sorted by context length into contiguous buckets ``[(start, end), ...]``.
+
+    Minimises ``sum_b rows_b * (max_ctx_b + decode_len / 2) + overhead * #buckets`` (attention
+    row-columns per iteration plus a per-bucket dispatch cost in the same unit) by dynamic
+    programming over the distinct lengths. ``ctx_lens`` must be sorted ascending.
+    """
+    n = len(ctx_lens)
+    if n == 0:
+        return []
+    if any(ctx_lens[i] > ctx_lens[i + 1] for i in range(n - 1)):
+        raise ValueError("plan_buckets: ctx_lens must be sorted ascending")
+    # candidate boundaries: ends of runs of equal length (bucket ends at index e, exclusive)
+    ends = [i + 1 for i in range(n) if i == n - 1 or ctx_lens[i + 1] != ctx_lens[i]]
+    m = len(ends)
+    if m > 64:  # quantise to keep the DP small
+        step = m / 64
+        ends = sorted({ends[min(m - 1, int(round((k + 1) * step)) - 1)] for k in range(64)} | {n})
+        m = len(ends)
+    half = decode_len / 2.0
+    inf = float("inf")
+    K = max(1, max_buckets)
+    # best[k][j]: min cost covering rows [0, ends[j]) with k+1 buckets
+    best = [[inf] * m for _ in range(K)]
+    back = [[-1] * m for _ in range(K)]
+    for j in range(m):
+        best[0][j] = ends[j] * (ctx_lens[ends[j] - 1] + half) + overhead
+    for k in range(1, K):
+        for j in range(m):
+            e = ends[j]
+            w = ctx_lens[e - 1] + half
+            for i in range(j):
+                c = best[k - 1][i] + (e - ends[i]) * w + overhead
+                if c < best[k][j]:
+                    best[k][j], back[k][j] = c, i
+    k = min(range(K), key=lambda kk: best[kk][m - 1])
+    out, j = [], m - 1
+    while k >= 0 and j >= 0:
+        i = back[k][j] if k > 0 else -1
+        out.append((ends[i] if i >= 0 else 0, ends[j]))
+        j, k = i, k - 1
+    return out[::-1]
+
+
+class HFEngine:
+    """Engine protocol implementation over a transformers causal LM (module docstring).
+
+    Args:
+        model: a transformers ``*ForCausalLM`` (its weights are read, not modified; the fallback
+            path moves it to ``device``).
+        eos_token_id: EOS id (or a list of ids; the first is reported as ``eos_token_id``).
+        pad_token_id: id used for padding (any id works; padded positions are masked).
+        device: ``"cpu"``, ``"cuda"``, ...
+        batching: ``"compact"`` (default) or ``"static"`` (see module docstring).
+        max_batch_rows: decode at most this many rows at once (None = all requests in one batch).
+        dtype: compute dtype (``torch.dtype`` or ``"float32"`` / ``"bfloat16"`` / ``"float16"``);
+            None = the model's.
+        backend: ``"auto"`` (fast path when supported and verified), ``"fast"`` or ``"hf"``.
+        max_buckets / bucket_overhead: context-bucket planning (``plan_buckets``).
+        compact_min_frac: compact when at least this fraction of the batch rows are done.
+        prefill_chunk_tokens: padded-token budget of one prefill forward.
+    """
+
+    def __init__(
+        self,
+        model,
+        eos_token_id: int | Sequence[int],
+        pad_token_id: Optional[int],
+        *,
+        device: str | torch.device = "cpu",
+        batching: Batching = "compact",
+        max_batch_rows: Optional[int] = None,
+        dtype: Optional[torch.dtype | str] = None,
+        backend: Literal["auto", "fast", "hf"] = "auto",
+        max_buckets: int = 4,
+        bucket_overhead: float = 256.0,
+        compact_min_frac: float = 0.125,
+        prefill_chunk_tokens: int = 8192,
+    ) -> None:
+        if batching not in ("static", "compact"):
+            raise ValueError(f"batching must be 'static' or 'compact', got {batching!r}")
+        if max_batch_rows is not None and max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows must be >= 1 or None, got {max_batch_rows}")
+        if backend not in ("auto", "fast", "hf"):
+            raise ValueError(f"backend must be 'auto', 'fast' or 'hf', got {backend!r}")
+        if not 0.0 < compact_min_frac <= 1.0:
+            raise ValueError(f"compact_min_frac must be in (0, 1], got {compact_min_frac}")
+        eos_list = [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(e) for e in eos_token_id]
+        if not eos_list:
+            raise ValueError("eos_token_id must name at least one token")
+        self.eos_token_id: int = eos_list[0]
+        self.eos_token_ids: list[int] = eos_list
+        self.pad_token_id: int = int(pad_token_id if pad_token_id is not None else eos_list[0])
+        self.policy_version: int = 0
+        self.batching: Batching = batching
+        self.max_batch_rows = max_batch_rows
+        self.max_buckets = max_buckets
+        self.bucket_overhead = bucket_overhead
+        self.compact_min_frac = compact_min_frac
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.device = torch.device(device)
+        if isinstance(dtype, str):
+            if dtype not in _DTYPES:
+                raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+            dtype = _DTYPES[dtype]
+        self.model = model
+        self.dtype: torch.dtype = dtype or next(model.parameters()).dtype
+        self.last_stats: HFEngineStats = HFEngineStats()
+        self._eos = torch.tensor(eos_list, dtype=torch.long, device=self.device)
+        self.fast: Optional[FastCausalLM] = None
+        reason = unsupported_reason(model)
+        if backend == "fast" and reason:
+            raise ValueError(f"backend='fast' unsupported for this model: {reason}")
+        if backend != "hf" and reason is None:
+            try:
+                fast = FastCausalLM(model, self.device, self.dtype)
+                fast.verify()
+                self.fast = fast
+            except Exception as exc:  # noqa: BLE001 - any mismatch means: use the model's forward
+                if backend == "fast":
+                    raise
+                log.warning("HFEngine: fast path disabled (%s); using the model's forward", exc)
+        elif backend == "auto":
+            log.info("HFEngine: fast path unsupported (%s); using the model's forward", reason)
+        if self.fast is None:
+            self.model.to(self.device)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+
+    @property
+    def backend(self) -> str:
+        return "fast" if self.fast is not None else "hf"
+
+    # ------------------------------------------------------------------------------ weights
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        """Load ``state_dict`` into the model (skipped when it already is the model's own tensors)
+        and repack the fast-path weights. Nothing computed under old weights survives a call."""
+        own = self.model.state_dict()
+        same = set(state_dict) == set(own) and all(
+            state_dict[k].data_ptr() == own[k].data_ptr() for k in own)
+        if not same:
+            missing, unexpected = self.model.load_state_dict(state_dict, strict=False)
+            tied = {k for k in missing if k.endswith("lm_head.weight")}
+            bad_missing = [k for k in missing if k not in tied]
+            if bad_missing or unexpected:
+                raise KeyError(f"update_weights: missing {bad_missing[:5]}, unexpected {list(unexpected)[:5]}")
+        if self.fast is not None:
+            self.fast.pack()
+        self.policy_version = int(version)
+
+    # ------------------------------------------------------------------------------ generate
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationResult]:
+        """Decode each request (results in request order); see the module docstring."""
+        stats = HFEngineStats()
+        if sampling.temperature <= 0 and not sampling.greedy:
+            raise ValueError(f"temperature must be > 0 (or greedy=True), got {sampling.temperature}")
+        results: list[Optional[GenerationResult]] = [None] * len(requests)
+        rows: list[_Row] = []
+        for i, r in enumerate(requests):
+            ctx = list(r.prompt_ids) + list(r.prefix_ids)
+            if not ctx:
+                raise ValueError(f"request {r.request_id}: empty prompt and prefix")
+            if r.max_new_tokens < 0:
+                raise ValueError(f"request {r.request_id}: max_new_tokens {r.max_new_tokens} < 0")
+            stats.context_tokens += len(ctx)
+            if r.max_new_tokens == 0:
+                results[i] = GenerationResult(r.request_id, [], [], "length")
+                continue
+            rows.append(_Row(i, ctx, int(r.max_new_tokens), combine_seed(sampling.seed, int(r.seed)),
+                             len(r.prefix_ids)))
+        rows.sort(key=lambda row: len(row.ctx))
+        cap = self.max_batch_rows or max(1, len(rows))
+        was_training = self.model.training
+        if self.fast is None:
+            self.model.eval()  # the model's own forward: no dropout while decoding
+        try:
+            with torch.inference_mode():
+                for b0 in range(0, len(rows), cap):
+                    batch = rows[b0:b0 + cap]
+                    out = self._run_batch(batch, sampling, stats)
+                    for row, (toks, lps, reason) in zip(batch, out):
+                        req = requests[row.index]
+                        results[row.index] = GenerationResult(req.request_id, toks, lps, reason)
+                    stats.batches += 1
+        finally:
+            self.model.train(was_training)
+        stats.useful_tokens = sum(len(r.token_ids) for r in results if r is not None)
+        self.last_stats = stats
+        return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------------ one batch
+    def _run_batch(self, rows: list[_Row], sampling: SamplingParams,
+                   stats: HFEngineStats) -> list[tuple[list[int], list[float], str]]:
+        """Prefill + decode loop for rows sorted by context length."""
+        dev = self.device
+        N = len(rows)
+        m_max = max(r.max_new for r in rows)
+        t0 = time.perf_counter()
+        state = (_FastState(self, rows, m_max, stats) if self.fast is not None
+                 else _HFState(self, rows, m_max, stats))
+        logits = state.first_logits                                   # [N, V]
+        greedy = sampling.greedy
+        u_all = None
+        if not greedy:
+            u_all = torch.from_numpy(counter_uniforms([r.seed for r in rows], [r.start_pos for r in rows],
+                                                      m_max)).to(dev)
+        row_ids = torch.arange(N, device=dev)
+        max_new = torch.tensor([r.max_new for r in rows], dtype=torch.long, device=dev)
+        out_tok = torch.full((N, m_max), self.pad_token_id, dtype=torch.long, device=dev)
+        out_lp = torch.zeros((N, m_max), dtype=torch.float32, device=dev)
+        length = torch.zeros(N, dtype=torch.long, device=dev)
+        ended_eos = torch.zeros(N, dtype=torch.bool, device=dev)
+
+        tok, lp = sample_tokens(logits, sampling, None if greedy else u_all[:, 0])
+        out_tok[:, 0], out_lp[:, 0] = tok, lp
+        is_eos = torch.isin(tok, self._eos)
+        done = is_eos | (max_new <= 1)
+        length[done] = 1
+        ended_eos |= is_eos
+        stats.row_slots += N
+        stats.batch_rows += N
+        stats.prefill_s += time.perf_counter() - t0
+
+        t1 = time.perf_counter()
+        compact = self.batching == "compact"
+        B = N
+        for j in range(1, m_max):
+            n_done = int(done.sum())
+            if n_done == B:
+                break
+            if compact and n_done >= max(1, math.ceil(self.compact_min_frac * B)):
+                keep = (~done).nonzero().squeeze(1)
+                state.compact(keep, j)
+                tok, row_ids, max_new, done = tok[keep], row_ids[keep], max_new[keep], done[keep]
+                B = int(keep.shape[0])
+                stats.compactions += 1
+            logits = state.step(tok, j)
+            u = None if greedy else u_all[row_ids, j]
+            tok, lp = sample_tokens(logits, sampling, u)
+            out_tok[row_ids, j] = tok
+            out_lp[row_ids, j] = lp
+            is_eos = torch.isin(tok, self._eos)
+            newly = ~done & (is_eos | (max_new <= j + 1))
+            if bool(newly.any()):
+                ids = row_ids[newly]
+                length[ids] = j + 1
+                ended_eos[ids] = is_eos[newly]
+                done = done | newly
+            stats.decode_iterations += 1
+            stats.row_slots += B
+        stats.decode_s += time.perf_counter() - t1
+
+        lengths = length.tolist()
+        toks_all, lps_all, eos_all = out_tok.tolist(), out_lp.tolist(), ended_eos.tolist()
+        return [(toks_all[i][:lengths[i]], lps_all[i][:lengths[i]], "eos" if eos_all[i] else "length")
+                for i in range(N)]
+
+
+class _FastState:
+    """Prefill into bucketed preallocated caches, then one ``FastCausalLM.decode`` per step."""
+
+    def __init__(self, eng: HFEngine, rows: list[_Row], m_max: int, stats: HFEngineStats) -> None:
+        fast = eng.fast
+        assert fast is not None
+        self.fast = fast
+        dev = eng.device
+        N = len(rows)
+        lens = [len(r.ctx) for r in rows]
+        self.pos = torch.tensor(lens, dtype=torch.long, device=dev)      # position of token 0
+        plan = plan_buckets(lens, m_max, eng.max_buckets, eng.bucket_overhead)
+        stats.buckets = stats.buckets or len(plan)
+        L, kvh, hd = fast.nlayers, fast.kvh, fast.hd
+        self.buckets: list[Bucket] = []
+        row_bucket = [0] * N
+        for bi, (s, e) in enumerate(plan):
+            P = lens[e - 1]
+            W = P + m_max
+            kv = torch.empty(L, 2, e - s, kvh, W, hd, dtype=fast.dtype, device=dev)
+            kv[..., :P, :].zero_()
+            starts = torch.tensor([P - lens[i] for i in range(s, e)], dtype=torch.long, device=dev)
+            mask = None
+            if bool((starts > 0).any()):
+                mask = (torch.arange(W, device=dev)[None] >= starts[:, None])[:, None, None, :]
+            self.buckets.append(Bucket(kv=kv, mask=mask, P=P, start=s, n=e - s))
+            for i in range(s, e):
+                row_bucket[i] = bi
+
+        # distinct contexts, prefilled once each, in length-sorted chunks
+        uid_of: dict[tuple[int, ...], int] = {}
+        row_uid = []
+        uniq: list[list[int]] = []
+        for r in rows:
+            key = tuple(r.ctx)
+            u = uid_of.get(key)
+            if u is None:
+                u = uid_of[key] = len(uniq)
+                uniq.append(r.ctx)
+            row_uid.append(u)
+        rows_of_uid: list[list[int]] = [[] for _ in uniq]
+        for i, u in enumerate(row_uid):
+            rows_of_uid[u].append(i)
+        logits_u: list[Optional[torch.Tensor]] = [None] * len(uniq)
+        order = sorted(range(len(uniq)), key=lambda u: len(uniq[u]))   # already ascending; keep stable
+        budget = max(1, eng.prefill_chunk_tokens)
+        c0 = 0
+        while c0 < len(order):
+            c1 = c0 + 1
+            while c1 < len(order) and (c1 - c0 + 1) * len(uniq[order[c1]]) <= budget:
+                c1 += 1
+            chunk = order[c0:c1]
+            T = len(uniq[chunk[-1]])
+            ids = torch.full((len(chunk), T), eng.pad_token_id, dtype=torch.long)
+            valid = torch.zeros((len(chunk), T), dtype=torch.bool)
+            for k, u in enumerate(chunk):
+                c = uniq[u]
+                ids[k, T - len(c):] = torch.tensor(c, dtype=torch.long)
+                valid[k, T - len(c):] = True
+            ids, valid = ids.to(dev), valid.to(dev)
+            kv_c, lg = fast.prefill(ids, None if bool(valid.all()) else valid)
+            stats.prefill_tokens += sum(len(uniq[u]) for u in chunk)
+            stats.prefill_padded += len(chunk) * T
+            # scatter each chunk row into the cache rows of every request that shares it
+            per_bucket: dict[int, tuple[list[int], list[int]]] = {}
+            for k, u in enumerate(chunk):
+                logits_u[u] = lg[k]
+                for i in rows_of_uid[u]:
+                    bi = row_bucket[i]
+                    dst, src = per_bucket.setdefault(bi, ([], []))
+                    dst.append(i - self.buckets[bi].start)
+                    src.append(k)
+            for bi, (dst, src) in per_bucket.items():
+                b = self.buckets[bi]
+                w = min(T, b.P)
+                d = torch.tensor(dst, dtype=torch.long, device=dev)
+                sidx = torch.tensor(src, dtype=torch.long, device=dev)
+                b.kv[:, :, d, :, b.P - w:b.P] = kv_c[:, :, sidx, :, T - w:]
+            c0 = c1
+        self.first_logits = torch.stack([logits_u[u] for u in row_uid])  # type: ignore[misc]
+
+    def step(self, tok: torch.Tensor, j: int) -> torch.Tensor:
+        logits = self.fast.decode(tok, self.pos + (j - 1), self.buckets, j)
+        return logits
+
+    def compact(self, keep: torch.Tensor, j: int) -> None:
+        """Keep batch rows ``keep`` (sorted); copy only the cache columns written so far."""
+        new_buckets: list[Bucket] = []
+        start = 0
+        keep_list = keep.tolist()
+        ki = 0
+        for b in self.buckets:
+            local = []
+            while ki < len(keep_list) and keep_list[ki] < b.start + b.n:
+                local.append(keep_list[ki] - b.start)
+                ki += 1
+            if not local:
+                continue
+            if len(local) == b.n:
+                new_buckets.append(Bucket(b.kv, b.mask, b.P, start, b.n))
+            else:
+                idx = torch.tensor(local, dtype=torch.long, device=b.kv.device)
+                written = b.P + j - 1
+                kv = torch.empty(b.kv.shape[0], 2, len(local), *b.kv.shape[3:], dtype=b.kv.dtype, device=b.kv.device)
+                kv[..., :written, :] = b.kv[:, :, idx, :, :written]
+                mask = None if b.mask is None else b.mask[idx]
+                new_buckets.append(Bucket(kv, mask, b.P, start, len(local)))
+            start += len(local)
+        self.buckets = new_buckets
+        self.pos = self.pos[keep]
+
+
+class _HFState:
+    """Fallback: the model's own forward with a transformers ``DynamicCache`` (one left-padded batch)."""
+
+    def __init__(self, eng: HFEngine, rows: list[_Row], m_max: int, stats: HFEngineStats) -> None:
+        from transformers import DynamicCache
+
+        self.model = eng.model
+        dev = eng.device
+        lens = [len(r.ctx) for r in rows]
+        P = max(lens)
+        N = len(rows)
+        ids = torch.full((N, P), eng.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((N, P + m_max), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, P - len(r.ctx):] = torch.tensor(r.ctx, dtype=torch.long)
+            mask[i, P - len(r.ctx):] = 1
+        self.mask = mask.to(dev)
+        self.P = P
+        self.pos = torch.tensor(lens, dtype=torch.long, device=dev)
+        try:
+            self.cache = DynamicCache(config=self.model.config)
+        except TypeError:
+            self.cache = DynamicCache()
+        import inspect
+
+        params = inspect.signature(self.model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        pos = (self.mask[:, :P].cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids.to(dev), attention_mask=self.mask[:, :P], position_ids=pos,
+                         use_cache=True, **{self.cache_kw: self.cache})
+        self.first_logits = out.logits[:, -1].float()
+        stats.prefill_tokens += sum(lens)
+        stats.prefill_padded += N * P
+        stats.buckets = stats.buckets or 1
+
+    def step(self, tok: torch.Tensor, j: int) -> torch.Tensor:
+        out = self.model(input_ids=tok[:, None], attention_mask=self.mask[:, : self.P + j],
+                         position_ids=(self.pos + (j - 1))[:, None], use_cache=True,
+                         **{self.cache_kw: self.cache})
+        return out.logits[:, -1].float()
+
+    def compact(self, keep: torch.Tensor, j: int) -> None:
+        self.cache.batch_select_indices(keep)
+        self.mask = self.mask[keep]
+        self.pos = self.pos[keep]

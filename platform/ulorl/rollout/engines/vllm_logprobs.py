@@ -1,0 +1,69 @@
+"""vLLM logits processors that make the returned log-probs ``log_softmax(logits / T)`` untruncated.
+
+vLLM's ``logprobs_mode`` offers (read in vLLM 0.32 ``v1/sample/sampler.py``):
+
+- ``raw_logprobs``: ``log_softmax(logits)`` before temperature (wrong when T != 1);
+- ``processed_logprobs``: ``log_softmax`` AFTER temperature AND top-k / top-p masking, i.e.
+  renormalised over the kept tokens (wrong when top-k / top-p are on);
+- ``processed_logits``: the logit value after temperature and masking, unnormalised.
+
+None is ``log_softmax(logits / T)`` of the full vocabulary when truncation is on. The engine
+therefore runs with ``processed_logits`` and these two processors, which shift each row of
+logits by a per-row constant (sampling is shift-invariant, so the draws do not change):
+
+1. ``NormalizeLogits`` (declared not argmax-invariant so it runs for every row, greedy
+   included, before temperature): ``x <- log_softmax(x)``. A greedy row's returned value is
+   then ``log_softmax(logits)`` (T = 1).
+2. ``NormalizeScaledLogits`` (argmax-invariant: runs after temperature, before top-k / top-p):
+   ``y <- y - logsumexp(y)`` with ``y = x / T``, i.e. ``log_softmax(logits / T)``. Top-k / top-p
+   then set other tokens to -inf, but never the sampled one, whose value is returned as is.
+
+Both are stateless (same op on every row). vLLM runs built-in processors first; the built-in
+min-p processor (argmax-invariant) would truncate before step 2, so min-p must stay 0 (the
+engine never sets it). This module imports vLLM only when available so that importing it on a
+machine without the extra does not fail (the classes are then unusable placeholders).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:  # pragma: no cover - exercised in the vllm venv only
+    import torch
+    from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
+except ImportError:  # the main venv has no vLLM: keep the module importable
+    _Base = object  # type: ignore[assignment,misc]
+
+NORMALIZE_FQCN = "ulorl.rollout.engines.vllm_logprobs:NormalizeLogits"
+NORMALIZE_SCALED_FQCN = "ulorl.rollout.engines.vllm_logprobs:NormalizeScaledLogits"
+LOGITS_PROCESSORS = [NORMALIZE_FQCN, NORMALIZE_SCALED_FQCN]
+LOGPROBS_MODE = "processed_logits"
+
+
+class _RowLogSoftmax(_Base):  # type: ignore[misc,valid-type]
+    """Replace each row of logits [B, V] by its log-softmax (a per-row constant shift)."""
+
+    def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
+        pass
+
+    def update_state(self, batch_update: Any) -> None:
+        pass
+
+    def apply(self, logits: "torch.Tensor") -> "torch.Tensor":
+        if logits.numel() == 0:
+            return logits
+        return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
+
+
+class NormalizeLogits(_RowLogSoftmax):
+    """Before temperature, for all rows: ``x <- log_softmax(x)``."""
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # "False" only to make vLLM apply it to greedy rows too
+
+
+class NormalizeScaledLogits(_RowLogSoftmax):
+    """After temperature, random rows: ``y <- log_softmax(y)`` with ``y = x / T``."""
+
+    def is_argmax_invariant(self) -> bool:
+        return True

@@ -1,0 +1,255 @@
+"""Every dashboard page through Streamlit's AppTest: empty stores, a hand-valued store, and a
+store of REAL short training / eval runs (tests/dashboard_stores.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+from streamlit.testing.v1 import AppTest
+
+from dashboard_stores import build_real_store, build_written_store, cached_store
+from ulorl.dashboard import PAGES_DIR
+
+APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+TIMEOUT = 120  # AppTest's default is 3 s; the first MLflow query of a session opens the DB
+PAGES = ("runs", "curves", "speedup", "benchmarks", "sweep", "detail")
+TITLES = {"runs": "Runs", "curves": "Curves", "speedup": "Speedup", "benchmarks": "Benchmarks",
+          "sweep": "Sweep", "detail": "Run detail"}
+
+
+def open_app(monkeypatch: pytest.MonkeyPatch, uri: str, page: str = "runs") -> AppTest:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+    if page != "runs":
+        at.switch_page(str(PAGES_DIR / f"{page}.py")).run()
+    return at
+
+
+def go(at: AppTest, page: str) -> AppTest:
+    return at.switch_page(str(PAGES_DIR / f"{page}.py")).run()
+
+
+def assert_clean(at: AppTest, page: str) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert [t.value for t in at.title] == [TITLES[page]]
+
+
+def charts(at: AppTest) -> list:
+    return at.get("vega_lite_chart")
+
+
+def frame(at: AppTest, *columns: str) -> pd.DataFrame:
+    """The first dataframe on the page with all of ``columns`` (display-only tables carry no key)."""
+    for df in at.dataframe:
+        if set(columns) <= set(df.value.columns):
+            return df.value
+    raise AssertionError(f"no dataframe with columns {columns}")
+
+
+def run_id_by_name(uri: str, name: str) -> str:
+    runs = MlflowClient(tracking_uri=uri).search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri=uri).search_experiments()],
+        filter_string=f"attributes.run_name = '{name}'")
+    assert len(runs) == 1, name
+    return runs[0].info.run_id
+
+
+@pytest.fixture(scope="session")
+def written(tmp_path_factory):
+    return cached_store(tmp_path_factory, "written", build_written_store)
+
+
+@pytest.fixture(scope="session")
+def real(tmp_path_factory):
+    return cached_store(tmp_path_factory, "real", build_real_store)
+
+
+# ----------------------------------------------------------------------------- empty stores
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_missing_store_shows_empty_state(monkeypatch, tmp_path, page):
+    db = tmp_path / "mlflow.db"
+    at = open_app(monkeypatch, f"sqlite:///{db}", page)
+    assert_clean(at, page)
+    assert any("ulorl-train" in i.value for i in at.info), [i.value for i in at.info]
+    assert not db.exists(), "the dashboard must not create a store"
+
+
+@pytest.fixture(scope="session")
+def no_runs_uri(tmp_path_factory) -> str:
+    uri = f"sqlite:///{tmp_path_factory.mktemp('no_runs') / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).create_experiment("ulorl")
+    return uri
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_store_without_runs_shows_empty_state(monkeypatch, no_runs_uri, page):
+    at = open_app(monkeypatch, no_runs_uri, page)
+    assert_clean(at, page)
+    assert any("no runs" in i.value for i in at.info)
+
+
+def test_store_with_only_eval_runs_explains_what_is_missing(monkeypatch, written, tmp_path):
+    """A store whose runs do not suit a page names the command that creates the right ones."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    c = MlflowClient(tracking_uri=uri)
+    run = c.create_run(c.create_experiment("ulorl"), tags={"ulorl.kind": "eval"})
+    c.set_terminated(run.info.run_id)
+    for page, command in (("curves", "ulorl-train"), ("speedup", "rollout.segments=1"), ("sweep", "ulorl-sweep"),
+                          ("benchmarks", "ulorl-eval")):
+        at = open_app(monkeypatch, uri, page)
+        assert_clean(at, page)
+        assert any(command in i.value for i in at.info), (page, [i.value for i in at.info])
+
+
+# ----------------------------------------------------------------------------- hand-valued store
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_with_runs(monkeypatch, written, page):
+    at = open_app(monkeypatch, written["uri"], page)
+    assert_clean(at, page)
+    if page == "runs":
+        assert len(at.dataframe[0].value) == 10
+        assert at.get("download_button")
+    elif page == "detail":
+        assert at.dataframe
+    else:
+        assert charts(at), f"no chart on {page}"
+
+
+def test_runs_filters_change_rows(monkeypatch, written):
+    at = open_app(monkeypatch, written["uri"])
+    assert len(at.dataframe[0].value) == 10
+    at.multiselect(key="runs_f_kind").set_value(["eval"]).run()
+    assert sorted(at.dataframe[0].value["run"]) == ["eval-base", "eval-tuned"]
+    at.multiselect(key="runs_f_kind").set_value(["train"]).run()
+    assert len(at.dataframe[0].value) == 7
+    at.selectbox(key="runs_f_param").set_value("rollout.batching").run()
+    at.multiselect(key="runs_f_param_values").set_value(["static"]).run()
+    assert sorted(at.dataframe[0].value["run"]) == ["S1-static", "S4-static"]
+    at.text_input(key="runs_f_text").input("s4").run()
+    assert list(at.dataframe[0].value["run"]) == ["S4-static"]
+    assert not at.exception
+
+
+def test_runs_sort_and_csv(monkeypatch, written):
+    at = open_app(monkeypatch, written["uri"])
+    at.multiselect(key="runs_f_kind").set_value(["train"]).run()
+    at.selectbox(key="runs_sort").set_value("segments").run()
+    at.toggle(key="runs_desc").set_value(False).run()
+    segs = list(at.dataframe[0].value["segments"])
+    assert segs == sorted(segs) and segs[0] == 1
+    csv = at.get("download_button")[0]
+    assert csv.label == "Download CSV"
+
+
+def test_selection_is_shared_with_curves_and_detail(monkeypatch, written):
+    at = open_app(monkeypatch, written["uri"])
+    rid = written["mpt_dynamic"]
+    at.multiselect(key="_select_runs").set_value([rid]).run()
+    go(at, "curves")
+    assert_clean(at, "curves")
+    assert at.multiselect(key="_select_curves").value == [rid]
+    data = frame(at, "run_id", "raw", "value")
+    assert set(data["run_id"]) == {rid} and list(data["raw"]) == [0.30, 0.22, 0.21]   # train/entropy
+    go(at, "detail")
+    assert at.selectbox(key="detail_run").value == rid
+
+
+def test_curves_controls(monkeypatch, written):
+    at = open_app(monkeypatch, written["uri"], "curves")
+    at.multiselect(key="_select_curves").set_value([written["mpt_dynamic"], written["mpt_off"]]).run()
+    at.slider(key="curves_smooth").set_value(0.5).run()
+    smoothed = frame(at, "run_id", "raw", "value")
+    dyn = smoothed[smoothed["run_id"] == written["mpt_dynamic"]]
+    assert list(dyn["value"]) == pytest.approx([0.30, 0.26, 0.235])                   # EMA 0.5 by hand
+    at.checkbox(key="curves_log").check().run()
+    at.selectbox(key="curves_group").set_value("algo.mpt.mode").run()
+    at.radio(key="curves_x").set_value("wall").run()
+    at.selectbox(key="curves_metric").set_value("pool/unfinished").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(charts(at)) == 2                                                       # main + masking/pools
+
+
+def test_speedup_table_is_relative_to_s1(monkeypatch, written):
+    at = open_app(monkeypatch, written["uri"], "speedup")
+    assert at.selectbox(key="speedup_group").value == "segments"
+    t = frame(at, "batching", "step_speedup").set_index(["batching", "segments"])
+    assert t.loc[("compact", 2), "step_speedup"] == 2.0
+    assert t.loc[("compact", 4), "throughput_x"] == 4.0
+    assert t.loc[("static", 4), "step_speedup"] == 2.0
+    assert list(frame(at, "time_per_step_s")["time_per_step_s"]) == [1240.0, 774.0, 601.0]
+
+
+def test_benchmarks_deltas_against_baseline(monkeypatch, written):
+    at = open_app(monkeypatch, written["uri"], "benchmarks")
+    at.multiselect(key="_select_benchmarks").set_value([written["eval_base"], written["eval_tuned"]]).run()
+    at.selectbox(key="bench_baseline").set_value(written["eval_base"]).run()
+    t = frame(at, "label", "delta_avg").set_index("label")
+    assert t.loc["tuned", "delta_avg"] == pytest.approx(15.0) and t.loc["tuned", "delta_pass"] == pytest.approx(10.0)
+    assert t.loc["base", "avg_at_k"] == pytest.approx(40.0)
+    paper = frame(at, "model", "AIME-2025")
+    assert paper.set_index("model").loc["UloRL-A3B-128k", "AIME-2025"] == 82.8
+
+
+def test_sweep_page_importance_and_history(monkeypatch, written):
+    at = open_app(monkeypatch, written["uri"], "sweep")
+    assert at.selectbox(key="sweep_group").value == "segments"
+    imp = frame(at, "param", "spearman").set_index("param")
+    # objective = best heldout avg@k: S1 .30/.25, S2 .35, S4 .45/.40 -> rho(segments) by hand:
+    # ranks segments [1.5, 3, 4.5, 1.5, 4.5], objective [2, 3, 5, 1, 4] -> 0.8944
+    assert imp.loc["rollout.segments", "spearman"] == pytest.approx(0.894427, abs=1e-5)
+    assert len(charts(at)) == 3                                                        # parallel, importance, history
+
+
+def test_detail_page_renders_samples_and_checkpoints(monkeypatch, written):
+    at = open_app(monkeypatch, written["uri"], "detail")
+    at.selectbox(key="detail_run").set_value(written["mpt_dynamic"]).run()
+    assert not at.exception
+    html = "".join(h.proto.body for h in at.get("html"))
+    assert html.count('class="ulorl-tok"') == 4 + 2 and html.count("line-through") >= 2
+    assert frame(at, "name", "size_mb")["name"].tolist() == ["final"]
+    params = frame(at, "param", "value").set_index("param")["value"]
+    assert params["algo.mpt.mode"] == "dynamic"
+    at.radio(key="detail_reward").set_value("reward 0").run()
+    assert "".join(h.proto.body for h in at.get("html")).count('class="ulorl-tok"') == 2
+
+
+# ----------------------------------------------------------------------------- real runs
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_with_real_runs(monkeypatch, real, page):
+    at = open_app(monkeypatch, real["uri"], page)
+    assert_clean(at, page)
+    if page == "runs":
+        kinds = at.dataframe[0].value["kind"].value_counts().to_dict()
+        assert kinds.get("train") == 2 and kinds.get("eval", 0) >= 1
+    elif page in ("curves", "speedup", "benchmarks"):
+        assert charts(at), f"no chart on {page}"
+
+
+def test_real_runs_filters_and_samples(monkeypatch, real):
+    at = open_app(monkeypatch, real["uri"])
+    n = len(at.dataframe[0].value)
+    at.selectbox(key="runs_f_param").set_value("algo.mpt.mode").run()
+    at.multiselect(key="runs_f_param_values").set_value(["off"]).run()
+    rows = at.dataframe[0].value
+    assert len(rows) == 1 < n and list(rows["mask_mode"]) == ["off"]
+    go(at, "detail")
+    at.selectbox(key="detail_run").set_value(real["train_dynamic"]).run()
+    assert not at.exception
+    html = "".join(h.proto.body for h in at.get("html"))
+    assert 'class="ulorl-tok"' in html and "policy v" in html
+    assert "final" in frame(at, "name", "size_mb")["name"].tolist()
+    go(at, "curves")
+    at.multiselect(key="_select_curves").set_value([real["train_dynamic"], real["train_off"]]).run()
+    at.selectbox(key="curves_group").set_value("algo.mpt.mode").run()
+    assert not at.exception and charts(at)
+    data = frame(at, "run_id", "raw", "value")
+    assert isinstance(data, pd.DataFrame) and set(data["run_id"]) == {real["train_dynamic"], real["train_off"]}

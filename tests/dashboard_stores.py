@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,28 @@ SAMPLE_RECORDS: list[dict[str, Any]] = [
 ]
 
 
+_TEMPLATE_DIR = Path(tempfile.gettempdir()) / f"ulorl-dashboard-tests-{os.getpid()}"
+
+
+def fresh_db(root: Path) -> str:
+    """A new, empty MLflow SQLite store at ``root/mlflow.db``, copied from a template created once
+    per process (creating the schema takes ~8 s; a file copy is instant)."""
+    template = _TEMPLATE_DIR / "template.db"
+    if not template.is_file():
+        _TEMPLATE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = _TEMPLATE_DIR / f"building-{os.getpid()}.db"
+        MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
+        tmp.replace(template)
+    root.mkdir(parents=True, exist_ok=True)
+    db = root / "mlflow.db"
+    shutil.copyfile(template, db)
+    return f"sqlite:///{db}"
+
+
+def new_store(tmp_path_factory: Any, name: str) -> str:
+    return fresh_db(Path(tmp_path_factory.mktemp(name)))
+
+
 def _metrics(values: dict[str, list[float]], t0: int = 1_700_000_000_000) -> list[Metric]:
     out = []
     for key, vals in values.items():
@@ -74,17 +97,22 @@ def _log_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str],
 
 def build_written_store(root: Path) -> dict[str, Any]:
     """Write the hand-valued store under ``root``; returns uri and the run ids by role."""
-    root.mkdir(parents=True, exist_ok=True)
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = fresh_db(root)
     client = MlflowClient(tracking_uri=uri)
     exp_id = get_or_create_experiment(client, EXPERIMENT, uri)
     ids: dict[str, Any] = {"uri": uri, "trials": {}}
 
+    # The sweep parent as ulorl-sweep writes it: search space, objective, and its Optuna study.
+    sweep_dir = root / "sweep"
     parent = client.create_run(exp_id, run_name="segments-sweep",
-                               tags={schema.KIND_TAG: "sweep", schema.SWEEP_TAG: "segments"})
+                               tags={schema.KIND_TAG: "sweep", schema.SWEEP_TAG: "segments",
+                                     "ulorl.sweep_dir": str(sweep_dir)})
     ids["sweep"] = parent.info.run_id
-    client.log_batch(ids["sweep"], params=[Param("rollout.segments", "[1, 2, 4]")])
+    client.log_batch(ids["sweep"], params=[
+        Param("space.rollout.segments", '{"values": [1, 2, 4]}'), Param("space.rollout.batching", '{"values": ["compact", "static"]}'),
+        Param("sweep.metric", "eval/heldout/avg_at_k"), Param("sweep.mode", "max")])
     client.set_terminated(ids["sweep"], "FINISHED")
+    _optuna_study(sweep_dir / "optuna.db", "segments")
     for (segs, batching), (step_s, finished) in SPEED_TRIALS.items():
         n = len(step_s)
         m = {"time/step_s": step_s, "rollout/finished": finished, "time/wall_s": list(_cumsum(step_s)),
@@ -121,6 +149,20 @@ def build_written_store(root: Path) -> dict[str, Any]:
     return ids
 
 
+def _optuna_study(db: Path, name: str) -> None:
+    """An Optuna study with the sweep's trials (segments, batching -> objective)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(study_name=name, storage=f"sqlite:///{db}", direction="maximize")
+    dists = {"rollout.segments": optuna.distributions.CategoricalDistribution([1, 2, 4]),
+             "rollout.batching": optuna.distributions.CategoricalDistribution(["compact", "static"])}
+    for (segs, batching), value in SPEED_OBJECTIVE.items():
+        study.add_trial(optuna.trial.create_trial(
+            params={"rollout.segments": segs, "rollout.batching": batching}, distributions=dists, value=value))
+
+
 def _cumsum(xs: list[float]) -> list[float]:
     total, out = 0.0, []
     for x in xs:
@@ -129,36 +171,44 @@ def _cumsum(xs: list[float]) -> list[float]:
     return out
 
 
-def tiny_overrides(mode: str) -> list[str]:
-    """Overrides that make ``experiments/quickstart.yaml`` a ~3-step run on a 2-core CPU."""
+# The two real training runs: (algo.mpt.mode, rollout.segments). They also differ in segment
+# count so that the Speedup page has an S = 1 baseline from real runs.
+REAL_RUNS: tuple[tuple[str, int], ...] = (("dynamic", 4), ("off", 1))
+
+
+def tiny_overrides(mode: str, segments: int, root: Path) -> list[str]:
+    """Overrides that make ``experiments/quickstart.yaml`` a 3-step run on a 2-core CPU."""
     return [
-        "train.max_steps=3", f"algo.mpt.mode={mode}", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "tracking.sample_every=1", "tracking.samples_per_log=2", "eval.every=3", "eval.num_problems=8",
-        "eval.k=2", "train.checkpoint_every=3", "train.threads=1",
+        "train.max_steps=3", f"algo.mpt.mode={mode}", f"rollout.segments={segments}",
+        "rollout.max_response_len=128", "rollout.prompts_per_step=4", "rollout.group_size=4",
+        "tracking.sample_every=1", "tracking.samples_per_log=2", "eval.every=3", "eval.num_problems=4",
+        "eval.k=2", "train.checkpoint_every=3", "train.threads=1", f"train.output_dir={root / 'runs'}",
+        f"tracking.run_name=quick-{mode}-S{segments}",
     ]
 
 
 def build_real_store(root: Path) -> dict[str, Any]:
-    """Two REAL tiny training runs (different ``algo.mpt.mode``) and one real eval run."""
+    """Two REAL tiny training runs (``ulorl.train.trainer.train``) and one REAL ``ulorl-eval`` run
+    of the first run's final checkpoint, nested under it."""
     from ulorl.config import load_experiment
     from ulorl.train.trainer import train
 
-    root.mkdir(parents=True, exist_ok=True)
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = fresh_db(root)
     out: dict[str, Any] = {"uri": uri}
-    for mode in ("dynamic", "off"):
-        cfg = load_experiment(REPO / "experiments" / "quickstart.yaml",
-                              tiny_overrides(mode) + [f"train.output_dir={root / 'runs'}",
-                                                      f"tracking.run_name=quick-{mode}"])
+    for mode, segments in REAL_RUNS:
+        cfg = load_experiment(REPO / "experiments" / "quickstart.yaml", tiny_overrides(mode, segments, root))
         result = train(cfg, tracking_uri=uri, progress=False)
+        assert result.run_id, f"training run ({mode}) returned no run id"
         out[f"train_{mode}"] = result.run_id
-        out[f"run_dir_{mode}"] = str(result.run_dir)
-    ckpt = Path(out["run_dir_dynamic"]) / "checkpoints"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    cmd = [sys.executable, "-m", "ulorl.cli.eval", "--json", "--tracking-uri", uri]
-    proc = subprocess.run(cmd + ["--help"], capture_output=True, text=True, env=env, timeout=120)
-    out["eval_help"] = proc.stdout
-    out["checkpoints"] = str(ckpt)
+    rid = out["train_dynamic"]
+    cmd = [sys.executable, "-m", "ulorl.cli.eval", "--benchmark", "heldout", "--k", "2", "--num-problems", "4",
+           "--max-new-tokens", "64", "--threads", "1", "--model", f"runs:/{rid}/checkpoints/final",
+           "--parent-run-id", rid, "--label", "quick-dynamic", "--tracking-uri", uri, "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    assert proc.returncode == 0, f"ulorl-eval failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    result = json.loads(proc.stdout)
+    out["eval"] = result.get("run_id")
     return out
 
 

@@ -43,7 +43,9 @@ class TextScriptedEngine:
     ``calls`` records ``(len(requests), sampling)`` per ``generate`` call.
     """
 
-    def __init__(self, tokenizer: Any, reply: Callable[[str, GenerationRequest], str], truncate_at: Optional[int] = None):
+    def __init__(
+        self, tokenizer: Any, reply: Callable[[str, GenerationRequest], str], truncate_at: Optional[int] = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.reply = reply
         self.truncate_at = truncate_at

@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 from streamlit.testing.v1 import AppTest
 
-from dashboard_stores import build_real_store, build_written_store, cached_store
+from dashboard_stores import build_real_store, build_written_store, cached_store, new_store
 from ulorl.dashboard import PAGES_DIR
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -81,7 +81,7 @@ def test_missing_store_shows_empty_state(monkeypatch, tmp_path, page):
 
 @pytest.fixture(scope="session")
 def no_runs_uri(tmp_path_factory) -> str:
-    uri = f"sqlite:///{tmp_path_factory.mktemp('no_runs') / 'mlflow.db'}"
+    uri = new_store(tmp_path_factory, "no_runs")
     MlflowClient(tracking_uri=uri).create_experiment("ulorl")
     return uri
 
@@ -93,13 +93,13 @@ def test_store_without_runs_shows_empty_state(monkeypatch, no_runs_uri, page):
     assert any("no runs" in i.value for i in at.info)
 
 
-def test_store_with_only_eval_runs_explains_what_is_missing(monkeypatch, written, tmp_path):
+def test_store_with_only_eval_runs_explains_what_is_missing(monkeypatch, tmp_path_factory):
     """A store whose runs do not suit a page names the command that creates the right ones."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path_factory, "eval_only")
     c = MlflowClient(tracking_uri=uri)
     run = c.create_run(c.create_experiment("ulorl"), tags={"ulorl.kind": "eval"})
     c.set_terminated(run.info.run_id)
-    for page, command in (("curves", "ulorl-train"), ("speedup", "rollout.segments=1"), ("sweep", "ulorl-sweep"),
+    for page, command in (("curves", "ulorl-train"), ("speedup", "sweeps/segments.yaml"), ("sweep", "ulorl-sweep"),
                           ("benchmarks", "ulorl-eval")):
         at = open_app(monkeypatch, uri, page)
         assert_clean(at, page)
@@ -202,9 +202,14 @@ def test_sweep_page_importance_and_history(monkeypatch, written):
     assert at.selectbox(key="sweep_group").value == "segments"
     imp = frame(at, "param", "spearman").set_index("param")
     # objective = best heldout avg@k: S1 .30/.25, S2 .35, S4 .45/.40 -> rho(segments) by hand:
-    # ranks segments [1.5, 3, 4.5, 1.5, 4.5], objective [2, 3, 5, 1, 4] -> 0.8944
-    assert imp.loc["rollout.segments", "spearman"] == pytest.approx(0.894427, abs=1e-5)
-    assert len(charts(at)) == 3                                                        # parallel, importance, history
+    # ranks segments [1.5, 3, 4.5, 1.5, 4.5], objective [2, 3, 5, 1, 4]: centred products sum
+    # to 9, squares to 9 and 10 -> 9 / sqrt(90)
+    assert imp.loc["rollout.segments", "spearman"] == pytest.approx(9 / 90 ** 0.5)
+    # parallel coordinates, Spearman importance, Optuna importance (study found via the parent), history
+    assert len(charts(at)) == 4
+    assert at.text_input(key="sweep_optuna_storage_segments").value.endswith("/sweep/optuna.db")
+    assert at.multiselect(key="sweep_params_segments").value == ["rollout.segments", "rollout.batching"]
+    assert at.selectbox(key="sweep_objective_segments").value == "metrics.eval/heldout/avg_at_k"
 
 
 def test_detail_page_renders_samples_and_checkpoints(monkeypatch, written):

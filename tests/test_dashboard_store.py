@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from mlflow import MlflowClient
 
-from dashboard_stores import SAMPLE_RECORDS, SPEED_OBJECTIVE, build_written_store, cached_store
+from dashboard_stores import SAMPLE_RECORDS, SPEED_OBJECTIVE, build_written_store, cached_store, fresh_db
 from ulorl.dashboard import frames, store
 
 
@@ -75,7 +75,7 @@ def test_missing_and_empty_stores(tmp_path):
     missing = f"sqlite:///{tmp_path / 'none.db'}"
     assert not store.store_exists(missing)
     assert not (tmp_path / "none.db").exists()
-    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    uri = fresh_db(tmp_path / "empty")
     c = MlflowClient(tracking_uri=uri)
     c.create_experiment("ulorl")
     assert store.store_exists(uri)

@@ -13,7 +13,7 @@ import torch
 import transformers
 
 from ulorl.rollout.engines import MissingExtraError, make_engine, vllm_available
-from ulorl.rollout.engines.hf import HFEngine, plan_buckets
+from ulorl.rollout.engines.hf import HFEngine, plan_buckets, prefix_forest
 from ulorl.rollout.types import Engine, GenerationRequest, SamplingParams
 
 EOS, PAD = 1, 0
@@ -250,10 +250,33 @@ def test_static_costs_every_slot_compact_does_not(model):
     s1, s2 = st.last_stats, co.last_stats
     assert s1.useful_tokens == s2.useful_tokens == sum(lens)
     assert s1.row_slots == 8 * max(lens)
-    assert s1.decode_iterations == max(lens) - 1
+    assert s1.decode_iterations == max(lens) and s1.forwards == max(lens) - 1
     if min(lens) < max(lens):
         assert s2.row_slots < s1.row_slots and s2.compactions >= 1
     assert s1.batch_rows == 8 and s1.prefill_tokens == sum(len(p) for p in ps)
+
+
+@pytest.mark.parametrize("batching", ["static", "compact"])
+def test_buckets_and_compaction_keep_every_row_exact(model, batching):
+    ps = prompts(10, seed=13, lo=2, hi=50)
+    sp = SamplingParams(temperature=1.1, seed=2)
+    probe = HFEngine(model, 10**6, PAD).generate(reqs(ps, 14), sp)
+    counts: dict[int, int] = {}
+    for r in probe:                              # the most frequent early token: several rows stop
+        for t in r.token_ids[1:8]:
+            counts[t] = counts.get(t, 0) + 1
+    eos = max(counts, key=counts.get)
+    eng = HFEngine(model, eos, PAD, batching=batching, max_buckets=4, bucket_overhead=0.0,
+                   compact_min_frac=0.05)
+    out = eng.generate(reqs(ps, 14), sp)
+    assert eng.last_stats.buckets >= 3
+    if batching == "compact":
+        assert eng.last_stats.compactions >= 1
+    for i, r in enumerate(out):
+        alone = HFEngine(model, eos, PAD).generate([GenerationRequest(i, ps[i], [], 14, seed=i)], sp)[0]
+        assert r.token_ids == alone.token_ids and r.finish_reason == alone.finish_reason
+        assert r.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    assert 1 < len({len(r.token_ids) for r in out})
 
 
 def test_shared_prompt_is_prefilled_once(model):
@@ -263,6 +286,31 @@ def test_shared_prompt_is_prefilled_once(model):
     eng.generate(rs, SamplingParams(temperature=1.0))
     assert eng.last_stats.prefill_tokens == len(ps[0]) + len(ps[1])
     assert eng.last_stats.context_tokens == 4 * (len(ps[0]) + len(ps[1]))
+
+
+def test_prefix_forest_hand_example():
+    nodes = prefix_forest([[1, 2, 3], [1, 2, 4], [5], [1, 2]])
+    spans = sorted((n.start, n.end, n.level, sorted(n.ends)) for n in nodes)
+    assert spans == [(0, 1, 0, [2]), (0, 2, 0, [3]), (2, 3, 1, [0]), (2, 3, 1, [1])]
+    by_span = {(n.start, n.end, tuple(n.ends)): n for n in nodes}
+    root = nodes.index(by_span[(0, 2, (3,))])
+    assert by_span[(2, 3, (0,))].parent == root and by_span[(2, 3, (1,))].parent == root
+    with pytest.raises(ValueError):
+        prefix_forest([[1], []])
+
+
+def test_shared_prefixes_prefilled_once_results_unchanged(model):
+    p = prompts(1, seed=12)[0]
+    prefixes = [[7, 8, 9, 10], [7, 8, 9, 11], [7, 8], [12], [7, 8, 9, 10]]
+    rs = [GenerationRequest(i, p, pre, 6, seed=i) for i, pre in enumerate(prefixes)]
+    eng = HFEngine(model, EOS, PAD)
+    out = eng.generate(rs, GREEDY)
+    # forest: p -> {[7, 8] -> [9] -> {[10], [11]}, [12]}; the duplicate context costs nothing
+    assert eng.last_stats.prefill_tokens == len(p) + 2 + 1 + 1 + 1 + 1
+    for q, r in zip(rs, out):
+        alone = eng.generate([q], GREEDY)[0]
+        assert r.token_ids == alone.token_ids
+        assert r.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])

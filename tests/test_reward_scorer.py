@@ -160,3 +160,11 @@ def test_hung_worker_dies_with_a_killed_caller(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_bench_smoke():
+    from ulorl.reward.bench import run
+
+    res = run(n_int=6, n_sym=3, workers=[1], timeout_s=TIMEOUT_S)
+    assert res["w1_stats"]["timeouts"] == 1 and res["w1_stats"]["fast_path"] == 18
+    assert res["main_int_us"] > 0 and res["w1_scorer_sym_us"] > 0

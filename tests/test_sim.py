@@ -65,13 +65,15 @@ def test_cost_curve_fit_recovers_coefficients():
         fit_cost_curve([{"rows": 1, "context": 2}])
 
 
-def test_validate_recovers_parameters_of_its_own_synthetic_bench():
+@pytest.mark.parametrize("traits", [dict(context="padded"),
+                                    dict(context="bucket", share_prompt_prefill=True, compact_min_frac=0.125)])
+def test_validate_recovers_parameters_of_its_own_synthetic_bench(traits):
     rng = np.random.default_rng(5)
     groups = MixtureLengths(((0.8, 4.0, 0.5), (0.2, 5.5, 0.4)), rho=0.7).sample(rng, 300, 8)
     truth_dist = EmpiricalLengths(lengths=tuple(groups.reshape(-1).tolist()),
                                   groups=tuple(tuple(g) for g in np.minimum(groups, 512).tolist()))
     bench = synthetic_bench(TRUTH, truth_dist, max_len=512, prompts_per_step=16, group_size=8, prompt_len=40,
-                            steps=120, seed=3)
+                            steps=120, seed=3, **traits)
     out = run_validate(json.loads(json.dumps(bench)), steps=120, seed=3)
     f = out["cost_curve_fit"]
     assert (f["a_ms"], f["b_ms"], f["c_ms"]) == pytest.approx((8.0, 0.05, 2e-4), rel=1e-9)
@@ -194,3 +196,29 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
     assert "--lognormal" in capsys.readouterr().err
     assert cli.main(["plan", "--lognormal", "4,1", "--max-len", "64"]) == 2
     assert "--cost" in capsys.readouterr().err
+
+
+def test_decode_features_partial_compaction_hand_worked():
+    from ulorl.report.simulator import decode_features
+
+    n, e = np.array([5, 3, 1, 1]), np.array([10, 10, 10, 10])
+    # static: 4 rows x 5 iterations; contexts 10..14
+    assert decode_features(n, e, "static") == (5, 20, 240.0)
+    # ideal compaction: row i is in the batch for its n_i iterations
+    assert decode_features(n, e, "compact") == (5, 10, 113.0)
+    # compaction once >= 75 % of the rows are done: 4 rows for j=0..2, then 1 row for j=3,4
+    assert decode_features(n, e, "compact", 0.75) == (5, 14, 159.0)
+    # >= 50 %: 4 rows at j=0, 2 rows for j=1,2, 1 row for j=3,4
+    assert decode_features(n, e, "compact", 0.5) == (5, 10, 113.0)
+
+
+def test_plan_buckets_matches_the_hf_engine():
+    from ulorl.rollout.engines import hf
+    from ulorl.report.simulator import plan_buckets
+
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        lens = sorted(rng.integers(5, 400, size=int(rng.integers(1, 90))).tolist())
+        dec = int(rng.integers(1, 300))
+        assert plan_buckets(lens, dec) == hf.plan_buckets(lens, dec)
+    assert plan_buckets([10] * 5 + [300] * 5, 32) == [(0, 5), (5, 10)]

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from ulorl.cli.tables import main as tables_main
 from ulorl.report import paper
 from ulorl.report.store import RunStore
-from ulorl.report.tables import NOT_RUN, build_table1, build_table2, build_table3, find_hints, write_all
+from ulorl.report.tables import NOT_RUN, build_table1, build_table2, build_table3, find_hints, tex_escape, write_all
 from ulorl.report.figures import build_figures
 from ulorl.tracking import artifact_root_for, schema
 
@@ -112,8 +112,9 @@ def test_empty_store_writes_every_file_with_not_run(tmp_path: Path, empty_db: Pa
     assert ours and all(c["run_ids"] == "" and c["value"] == "" for c in ours)
     assert {c["table"] for c in ours} == {"table1", "table2", "table3", "fig2", "fig4", "fig5"}
     assert all(summary["figures"][f]["not_run"] for f in ("fig2", "fig4", "fig5"))
-    # no number is invented: every cell with a value is from the paper
-    assert all(c["note"] == "paper" for c in cells if c["value"] and not c["run_ids"])
+    # no number is invented: every cell with a value and no run is the paper's or the simulator's
+    assert all(c["note"] == "paper" or c["note"].startswith("ulorl.report.simulator")
+               for c in cells if c["value"] and not c["run_ids"])
 
 
 def test_partial_store_values_not_run_cells_and_run_ids(tmp_path: Path, empty_db: Path) -> None:
@@ -132,6 +133,9 @@ def test_partial_store_values_not_run_cells_and_run_ids(tmp_path: Path, empty_db
     assert r1["Speedup"].text == "1.00x"
     assert r4["Time/step (s)"].text == NOT_RUN and r4["Speedup"].text == NOT_RUN
     assert r4["Paper time/step (s)"].text == "601" and r4["Paper speedup"].text == "2.06x"
+    # simulator at paper scale: S=1, 2 are its calibration points (the paper's own numbers), S=4 a prediction
+    assert r1["Sim. paper-scale (s)"].text == "1240 (fit)" and r2["Sim. paper-scale (s)"].text == "774 (fit)"
+    assert "prediction" in r4["Sim. paper-scale (s)"].note and r4["Sim. paper-scale (s)"].value > 0
     assert all(_row(t1, str(s), "static")["Time/step (s)"].text == NOT_RUN for s in (1, 2, 4))
     assert any("HINT-T1" in n for n in t1.notes)
 
@@ -233,7 +237,49 @@ def test_find_hints_reads_repo_sweeps(tmp_path: Path) -> None:
     assert h["table3"].startswith("ulorl-sweep sweeps/")  # default
 
 
+def test_tex_escape() -> None:
+    assert tex_escape("a_b <p|q> 50% — {x}") == r"a\_b \textless{}p\textbar{}q\textgreater{} 50\% --- \{x\}"
+
+
 def test_paper_numbers() -> None:
     assert [(r.segments, r.time_per_step_s, r.speedup) for r in paper.TABLE1] == [(1, 1240, 1.0), (2, 774, 1.6), (4, 601, 2.06)]
     for r in paper.TABLE2 + paper.TABLE3:
         assert abs((r.aime2025 + r.beyondaime) / 2 - r.avg) <= 0.051, r
+
+
+@pytest.mark.slow
+def test_tables_pick_up_real_training_runs(tmp_path: Path, empty_db: Path) -> None:
+    """Two real 2-step trainings of the embedded model (``ulorl.train.trainer.train``), tagged
+    table1 and fig5, land in Table 1 and Figure 5 with their run ids."""
+    from ulorl.config import load_experiment
+    from ulorl.train.trainer import train
+
+    shutil.copy(empty_db, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    repo = Path(__file__).resolve().parents[1]
+    common = ["train.max_steps=2", "rollout.max_response_len=128", "rollout.prompts_per_step=4",
+              "rollout.group_size=4", "eval.every=0", f"tracking.uri={uri}", f"train.output_dir={tmp_path / 'runs'}",
+              "train.threads=1"]
+    r1 = train(load_experiment(repo / "experiments" / "quickstart.yaml",
+                               common + ["rollout.segments=2", "tracking.paper_ref=table1"]), progress=False)
+    r2 = train(load_experiment(repo / "experiments" / "quickstart.yaml",
+                               common + ["rollout.segments=1", "algo.mpt.mode=dynamic", "algo.mpt.sigma=0.3",
+                                        "tracking.paper_ref=fig5"]),
+               progress=False)
+    store = RunStore.open(uri)
+    t1 = build_table1(store, HINTS)
+    row = _row(t1, "2", "compact")
+    assert row["Time/step (s)"].run_ids == (r1.run_id,) and row["Time/step (s)"].value > 0
+    steps, times = store.history(r1.run_id, "time/step_s")
+    assert steps == [1, 2] and row["Time/step (s)"].value == pytest.approx(sorted(times)[0] / 2 + sorted(times)[1] / 2)
+    figs = {f.key: f for f in build_figures(store, HINTS)}
+    (line,) = figs["fig5"].lines
+    assert line.run_id == r2.run_id and line.target == 0.3
+    # entropy is logged at the steps that updated the model (train/skipped == 0): the line has exactly those
+    skipped = dict(zip(*store.history(r2.run_id, "train/skipped")))
+    assert sorted(skipped) == [1, 2]
+    updated = [s for s, v in skipped.items() if v == 0]
+    assert line.series.get("train/entropy", ([], []))[0] == updated
+    out = tmp_path / "out"
+    summary = write_all(store, out, HINTS)
+    assert summary["tables"]["table1"]["runs"] == 1 and not summary["figures"]["fig5"]["not_run"]

@@ -8,6 +8,7 @@ fresh user-data dir.
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import itertools
 import json
@@ -48,7 +49,8 @@ class Browser:
         )
         self.port = self._wait_port(timeout_s)
         page_ws = self._page_ws(timeout_s)
-        self.ws = connect(page_ws, max_size=None, open_timeout=timeout_s)
+        self._stack = contextlib.ExitStack()
+        self.ws = self._stack.enter_context(connect(page_ws, max_size=None, open_timeout=timeout_s))
         self._ids = itertools.count(1)
         self.events: list[dict[str, Any]] = []
         self.call("Page.enable")
@@ -149,8 +151,8 @@ class Browser:
 
     def close(self) -> None:
         try:
-            self.ws.close()
-        except Exception:
+            self._stack.close()
+        except Exception:  # the socket may already be gone with the browser
             pass
         if self.proc.poll() is None:
             self.proc.terminate()

@@ -103,10 +103,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             from ulorl.reward.judge import GenerativeJudge
             from ulorl.reward.scorer import RewardScorer
 
+            loaded: dict[str, Any] = {}  # a model named twice is loaded once
+
+            def load(name: str) -> Any:
+                if name not in loaded:
+                    loaded[name] = _load_model(name, args)
+                return loaded[name]
+
             if args.judge_model:
-                strong = _load_model(args.judge_model, args)
+                strong = load(args.judge_model)
                 judge = GenerativeJudge(strong.engine, strong.tokenizer, max_new_tokens=args.judge_max_new_tokens)
-            consensus = [_load_model(n, args) for n in consensus_names]
+            consensus = [load(n) for n in consensus_names]
             scorer = RewardScorer(timeout_s=args.timeout_s, num_workers=args.num_workers, judge=judge)
         try:
             kept, report = clean_file(

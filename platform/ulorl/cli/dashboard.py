@@ -48,7 +48,7 @@ def streamlit_command(app: Path, port: int, address: str = "127.0.0.1") -> list[
         sys.executable, "-m", "streamlit", "run", str(app),
         "--server.address", address, "--server.port", str(port), "--server.headless", "true",
         "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none",
-        "--server.runOnSave", "false", "--browser.serverAddress", address,
+        "--server.runOnSave", "false", "--browser.serverAddress", address, "--client.toolbarMode", "minimal",
     ]
 
 

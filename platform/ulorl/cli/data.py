@@ -1,7 +1,8 @@
 """``ulorl-data``: the embedded synthetic task and the warm-started tiny model.
 
     ulorl-data warmstart                          # build (or reuse) the cached warm start
-    ulorl-data warmstart --out platform/ulorl/assets/embedded --force   # rebuild the shipped copy
+    ulorl-data warmstart --out platform/ulorl/assets/embedded   # build/reuse, copy to the shipped folder
+    ulorl-data warmstart --force                  # rebuild even if a cached build exists
     ulorl-data stats                              # length distribution + accuracy by length (table)
     ulorl-data stats --json --n 256 --seed 0      # the same as one JSON object on stdout
     ulorl-data sample --n 3                       # print a few task items with their solutions

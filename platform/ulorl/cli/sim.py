@@ -109,7 +109,8 @@ def _print_validate(out: dict[str, Any]) -> None:
           f"{f['c_ms']:.4g}*rows*context   (max |rel err| {100 * f['max_rel_err']:.1f}%)")
     src = "prefill curve" if s1.get("prefill_from") == "prefill_curve" else "S=1 prefill share"
     print(f"S=1 fit: decode scale {s1['decode_scale']:.3f}, prefill {s1['prefill_ms_per_token']:.4g} ms/token "
-          f"(from the {src}), overhead {s1['overhead_ms']:.1f} ms/step   (context mode: {out['context']})")
+          f"(from the {src}), overhead {s1['overhead_ms']:.1f} ms/step")
+    print(f"engine model: {json.dumps(out['engine_traits'])}")
     L = out["lengths"]
     print(f"lengths: {L['n']} observed ({L['groups'] or 'no'} groups), mean {L['mean']:.1f}, median {L['p50']:.0f}, "
           f"max {L['max']}")
@@ -126,6 +127,14 @@ def _print_validate(out: dict[str, Any]) -> None:
                      _fmt(r["iters_per_finished"]["predicted"], 2), _fmt(r["iters_per_finished"]["measured"], 2)])
     print(_table(["S", "regime", "step s pred", "meas", "err", "fin/s pred", "meas", "err",
                   "ratio pred", "meas", "util pred", "meas", "it/fin pred", "meas"], rows))
+    print("hardware-independent (scheduling model only):")
+    rows2 = []
+    for r in out["rows"]:
+        rows2.append([r["segments"], r["regime"]] + [
+            f"{_fmt(r[k]['predicted'], 1)} / {_fmt(r[k]['measured'], 1)}"
+            for k in ("mean_rows", "mean_unfinished", "prefill_tokens_per_finished", "iters_per_finished")])
+    print(_table(["S", "regime", "rows pred/meas", "unfinished pred/meas", "prefill tok/fin pred/meas",
+                  "iters/fin pred/meas"], rows2))
     verdict = "PASS" if out["passed"] else "FAIL"
     print(f"max |error| over predicted rows (step time, finished/s): {_pct(out['max_abs_rel_err'])} "
           f"-> {verdict} (tolerance {100 * out['tolerance']:.0f}%)")
@@ -212,8 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="fit on a bench's cost curve and S=1 rows; predict S=2,4,8 in both regimes")
     v.add_argument("bench", help="output of `ulorl-bench rollout --json`")
-    v.add_argument("--context", choices=["padded", "row"], default="padded",
-                   help="decode cost context: padded batch (hf engine, default) or per row (paged, vllm)")
+    v.add_argument("--context", choices=["padded", "row", "bucket"], default=None,
+                   help="override the attention-context model (default: from the bench's engine: hf fast "
+                        "path = bucket, hf fallback = padded, vllm = row)")
     v.add_argument("--tolerance", type=float, default=0.15)
     v.add_argument("--no-scale", action="store_true", help="do not fit a decode scale on S=1 (overhead only)")
     v.add_argument("--strict", action="store_true", help="exit 1 when the check fails")
@@ -245,7 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--group", type=int, default=8, help="responses per prompt G (default 8)")
     pl.add_argument("--prompt-len", type=int, default=0)
     pl.add_argument("--regime", choices=["static", "compact", "both"], default="both")
-    pl.add_argument("--context", choices=["padded", "row"], default="padded")
+    pl.add_argument("--context", choices=["padded", "row", "bucket"], default="padded",
+                    help="attention context per row: padded batch, own (paged, vLLM) or bucketed (hf engine)")
+    pl.add_argument("--share-prompt-prefill", action="store_true",
+                    help="the G samples of a new prompt share one prefill (hf engine, vLLM prefix cache)")
+    pl.add_argument("--compact-min-frac", type=float, default=0.0,
+                    help="compact regime: drop finished rows once this share is done (hf engine: 0.125)")
     pl.add_argument("--segments", default=None, help="candidates, default 1,2,4,8,16 (those <= max-len)")
     pl.add_argument("--near", type=float, default=0.05, help="also name the smallest S within this share of the best")
     common(pl, 300)
@@ -301,7 +316,9 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
     try:
         return sim.run_plan(dist, cost, max_len=args.max_len, prompts_per_step=args.prompts, group_size=args.group,
                             segments=segs, regimes=regimes, prompt_len=args.prompt_len, context=args.context,
-                            steps=args.steps, seed=args.seed, near=args.near, progress=_progress)
+                            steps=args.steps, seed=args.seed, near=args.near,
+                            share_prompt_prefill=args.share_prompt_prefill, compact_min_frac=args.compact_min_frac,
+                            progress=_progress)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -111,12 +111,13 @@ def importance_chart(imp: pd.DataFrame, value: str = "spearman", title: str = "S
         x=alt.X(f"{value}:Q", title=title), y=alt.Y("param:N", sort="-x", title=None),
         color=alt.condition(alt.datum[value] > 0, alt.value("#4c78a8"), alt.value("#e45756")),
         tooltip=["param:N", alt.Tooltip(f"{value}:Q", format=".3f")],
-    ).properties(height=max(80, 28 * len(imp)))
+    ).properties(height=60 + 36 * max(1, len(imp)))
 
 
 def history_chart(hist: pd.DataFrame, objective_title: str) -> alt.LayerChart:
     pts = alt.Chart(hist).mark_circle(size=60).encode(
-        x=alt.X("trial:Q", title="trial (start order)"), y=alt.Y("value:Q", title=objective_title,
+        x=alt.X("trial:Q", title="trial (start order)", axis=alt.Axis(tickMinStep=1, format="d")),
+        y=alt.Y("value:Q", title=objective_title,
                                                                  scale=alt.Scale(zero=False)),
         tooltip=["trial:Q", "run:N", alt.Tooltip("value:Q", format=".4g")])
     best = alt.Chart(hist).mark_line(interpolate="step-after", color="#e45756").encode(x="trial:Q", y="best:Q")

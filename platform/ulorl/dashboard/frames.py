@@ -58,6 +58,7 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
         "status": runs["status"],
         "experiment": runs["experiment"],
         "sweep": runs.get("sweep"),
+        "parent": runs.get("parent"),
         "config": runs.get("config"),
     })
     for key in schema.KEY_PARAMS:
@@ -119,9 +120,14 @@ def param_keys(runs: pd.DataFrame) -> list[str]:
     return first + sorted(k for k in present if k not in first)
 
 
+# Params that differ between runs without being hyperparameters.
+NOT_HYPERPARAMS: frozenset[str] = frozenset({"tracking.run_name", "tracking.uri", "train.output_dir", "name"})
+
+
 def varying_params(runs: pd.DataFrame) -> list[str]:
-    """Param keys with more than one distinct value across ``runs``."""
-    return [k for k in param_keys(runs) if runs[param_col(k)].astype("string").nunique(dropna=True) > 1]
+    """Hyperparameter keys with more than one distinct value across ``runs``."""
+    return [k for k in param_keys(runs) if k not in NOT_HYPERPARAMS
+            and runs[param_col(k)].astype("string").nunique(dropna=True) > 1]
 
 
 # ----------------------------------------------------------------------------- curves

@@ -56,7 +56,8 @@ def open_client(uri: str) -> MlflowClient:
 
 
 def _ms_to_time(ms: Optional[int]) -> Optional[pd.Timestamp]:
-    return pd.to_datetime(ms, unit="ms", utc=True) if ms else None
+    """Epoch milliseconds -> a naive UTC timestamp (tz-aware columns make pyarrow warn in pandas 3)."""
+    return pd.to_datetime(ms, unit="ms") if ms else None
 
 
 def _iter_runs(client: MlflowClient, experiment_ids: list[str]) -> Iterable[Any]:
@@ -127,19 +128,24 @@ def load_runs(client: MlflowClient, best_metrics: Iterable[str] = BEST_METRICS) 
     if "steps" not in df:
         df["steps"] = pd.NA
     names = dict(zip(df["run_id"], df["run_name"]))
-    sweep_of = dict(zip(df["run_id"], df["sweep_tag"]))
+    kind_of = dict(zip(df["run_id"], df["kind"]))
+    tag_of = {r: t for r, t in zip(df["run_id"], df["sweep_tag"]) if isinstance(t, str) and t}
+    parent_of = {r: p for r, p in zip(df["run_id"], df["parent_run_id"]) if isinstance(p, str) and p}
 
-    def parent_label(pid: Any) -> Optional[str]:
-        if not isinstance(pid, str) or not pid:
+    def sweep_of(run_id: str, depth: int = 0) -> Optional[str]:
+        """Own ulorl.sweep tag; else the sweep parent's tag (or name); an eval nested under a
+        trial inherits the trial's sweep. Unknown parents give None."""
+        if run_id in tag_of:
+            return tag_of[run_id]
+        pid = parent_of.get(run_id)
+        if pid is None or pid not in kind_of or depth > 3:
             return None
-        return names.get(pid, pid[:8])
+        if kind_of[pid] == "sweep":
+            return tag_of.get(pid, names.get(pid))
+        return sweep_of(pid, depth + 1)
 
-    df["parent"] = df["parent_run_id"].map(parent_label)
-    # The sweep a run belongs to: its own ulorl.sweep tag (sweep parents), else its parent's.
-    df["sweep"] = [
-        own if isinstance(own, str) and own else (sweep_of.get(pid) or parent_label(pid))
-        for own, pid in zip(df["sweep_tag"], df["parent_run_id"])
-    ]
+    df["parent"] = [names.get(p, p[:8]) if isinstance(p, str) and p else None for p in df["parent_run_id"]]
+    df["sweep"] = [sweep_of(r) for r in df["run_id"]]
     return df.reset_index(drop=True)
 
 

@@ -14,10 +14,11 @@ URI_KEY = "tracking_uri"          # session key: the store the pages read
 SELECTION_KEY = "selected_runs"   # session key: run ids chosen on any page, shared by all pages
 
 TRAIN_HINT = "ulorl-train experiments/quickstart.yaml"
-EVAL_HINT = "ulorl-eval --help"
-SWEEP_HINT = "ulorl-sweep sweeps/<spec>.yaml"
-SEGMENTS_HINT = ("ulorl-train experiments/quickstart.yaml rollout.segments=1  "
-                 "(then rollout.segments=2, 4 ...), or a sweep over rollout.segments")
+EVAL_HINT = ("ulorl-eval --benchmark heldout --k 4 --model runs:/<train run id>/checkpoints/final "
+             "--parent-run-id <train run id>")
+SWEEP_HINT = "ulorl-sweep sweeps/mpt_threshold.yaml    # any spec under sweeps/"
+SEGMENTS_HINT = ("ulorl-sweep sweeps/segments.yaml    # or: ulorl-train experiments/quickstart.yaml "
+                 "rollout.segments=1 (then 2, 4 ...)")
 
 
 def tracking_uri() -> str:

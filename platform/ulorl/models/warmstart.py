@@ -1,8 +1,10 @@
 """Warm start of the embedded model: a short supervised pass that makes it an imperfect solver.
 
-Training: AdamW on packed rows of whole examples (prompt + reference solution + EOS), a
-block-diagonal causal mask and per-example position ids (so a packed row computes exactly what
-separate sequences would), cross-entropy on response tokens only.
+Training: AdamW on batches of whole examples (prompt + reference solution + EOS) grouped by
+length and right-padded (about ``tokens_per_step`` padded tokens per step; no cross-example
+attention, positions start at 0 as in rollouts), cross-entropy on response tokens only.
+Length grouping was measured ~1.5-2x faster on CPU than packing into 512-token rows with a
+block-diagonal mask (the explicit 4D mask disables the fused causal attention kernel).
 
 Stopping: every ``eval_every`` optimizer steps, ``eval_n`` held-out prompts are sampled at the
 rollout settings (temperature 0.85, top_p 1.0, no top_k); training stops as soon as accuracy
@@ -36,7 +38,7 @@ from ulorl.data.types import PromptItem
 from ulorl.models.tiny import DEFAULT_TINY, TinySpec, build_tiny_model, count_parameters
 from ulorl.models.tokenizer import CORPUS_SEED, CORPUS_SIZE, DEFAULT_VOCAB_SIZE, build_tokenizer
 
-CODE_VERSION = 1  # bump when the training code changes the weights it produces
+CODE_VERSION = 2  # bump when the training code changes the weights it produces
 MANIFEST = "warmstart.json"
 
 
@@ -51,8 +53,7 @@ class WarmStartConfig:
     betas: tuple[float, float] = (0.9, 0.98)
     grad_clip: float = 1.0
     tokens_per_step: int = 8192
-    row_len: int = 512
-    bf16: bool = False              # bf16 autocast (slower than fp32 on CPU with the packed 4D mask)
+    bf16: bool = False              # bf16 autocast (measured slower than fp32 on this CPU)
     eval_every: int = 50
     eval_n: int = 128
     eval_seed: int = 0              # held-out split seed used for the stopping evaluation
@@ -103,77 +104,71 @@ def encode_example(tok, item: PromptItem) -> tuple[list[int], list[int]]:
 
 
 @dataclass
-class PackedBatch:
-    """Rows of whole examples. ids/labels_mask/position_ids/segment: [B, T]; mask: [B, 1, T, T] bool."""
+class Batch:
+    """Right-padded examples of similar length. ids/loss_mask: [B, T]; n_real: non-pad tokens."""
 
     ids: torch.Tensor
     loss_mask: torch.Tensor
-    position_ids: torch.Tensor
-    attn_mask: torch.Tensor
-    n_examples: int
+    n_real: int = 0
 
 
-def pack_rows(rows: Sequence[Sequence[tuple[list[int], list[int]]]], row_len: int, pad_id: int) -> PackedBatch:
-    """Lay out rows of whole examples (each row's total <= ``row_len``) as one packed batch.
+def pad_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> Batch:
+    """Right-pad examples to the longest one. Under a causal mask a right pad never influences
+    the real tokens before it, so no attention mask is needed (the fast causal kernel runs)."""
+    T = max(len(e[0]) for e in examples)
+    ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
+    lm = torch.zeros((len(examples), T), dtype=torch.float32)
+    for b, (e_ids, e_mask) in enumerate(examples):
+        ids[b, : len(e_ids)] = torch.tensor(e_ids)
+        lm[b, : len(e_ids)] = torch.tensor(e_mask, dtype=torch.float32)
+    return Batch(ids, lm, n_real=sum(len(e[0]) for e in examples))
 
-    Padding tokens form their own segment (-1) and carry no loss.
+
+def group_by_length(
+    examples: Sequence[tuple[list[int], list[int]]], tokens_per_batch: int
+) -> list[list[tuple[list[int], list[int]]]]:
+    """Sort examples by length and cut them into groups whose padded size B x T_max stays
+    within ``tokens_per_batch`` (a group always holds at least one example)."""
+    groups: list[list[tuple[list[int], list[int]]]] = []
+    cur: list[tuple[list[int], list[int]]] = []
+    for ex in sorted(examples, key=lambda e: len(e[0])):
+        if cur and (len(cur) + 1) * len(ex[0]) > tokens_per_batch:
+            groups.append(cur)
+            cur = []
+        cur.append(ex)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def batch_stream(tok, cfg: WarmStartConfig, pool_batches: int = 8) -> Iterator[Batch]:
+    """Endless length-grouped batches of about ``tokens_per_step`` padded tokens (train split).
+
+    Examples are drawn ``pool_batches`` steps' worth at a time, grouped by length (little
+    padding, and each group costs attention only for its own length), and the groups of a pool
+    are visited in a seeded random order.
     """
-    B = len(rows)
-    ids = torch.full((B, row_len), pad_id, dtype=torch.long)
-    lm = torch.zeros((B, row_len), dtype=torch.float32)
-    pos = torch.zeros((B, row_len), dtype=torch.long)
-    seg = torch.full((B, row_len), -1, dtype=torch.long)
-    n_ex = 0
-    for b, row in enumerate(rows):
-        t = 0
-        for j, (e_ids, e_mask) in enumerate(row):
-            n = len(e_ids)
-            if t + n > row_len:
-                raise ValueError(f"row {b} holds more than {row_len} tokens")
-            ids[b, t : t + n] = torch.tensor(e_ids)
-            lm[b, t : t + n] = torch.tensor(e_mask, dtype=torch.float32)
-            pos[b, t : t + n] = torch.arange(n)
-            seg[b, t : t + n] = j
-            t += n
-            n_ex += 1
-        pos[b, t:] = torch.arange(row_len - t)
-    causal = torch.tril(torch.ones(row_len, row_len, dtype=torch.bool))
-    mask = (seg[:, :, None] == seg[:, None, :]) & causal
-    return PackedBatch(ids, lm, pos, mask[:, None], n_examples=n_ex)
+    import random
 
-
-def batch_stream(tok, cfg: WarmStartConfig, pool_size: int = 32) -> Iterator[PackedBatch]:
-    """Endless packed batches of ``tokens_per_step // row_len`` rows from the train split.
-
-    Rows are filled first-fit from a small look-ahead pool of examples (little padding, and the
-    stream order is otherwise kept).
-    """
     items = iter_split("train", cfg.seed, cfg.task)
-    n_rows = max(1, cfg.tokens_per_step // cfg.row_len)
-    pool: list[tuple[list[int], list[int]]] = []
+    rng = random.Random(cfg.seed)
     while True:
-        rows = []
-        for _ in range(n_rows):
-            row, used = [], 0
-            while True:
-                while len(pool) < pool_size:
-                    ex = encode_example(tok, next(items))
-                    if len(ex[0]) > cfg.row_len:
-                        raise ValueError(f"a task example of {len(ex[0])} tokens exceeds row_len {cfg.row_len}")
-                    pool.append(ex)
-                j = next((i for i, ex in enumerate(pool) if used + len(ex[0]) <= cfg.row_len), None)
-                if j is None:
-                    break
-                ex = pool.pop(j)
-                row.append(ex)
-                used += len(ex[0])
-            rows.append(row)
-        yield pack_rows(rows, cfg.row_len, tok.pad_token_id)
+        pool, total = [], 0
+        while total < pool_batches * cfg.tokens_per_step:
+            ex = encode_example(tok, next(items))
+            if len(ex[0]) > cfg.tokens_per_step:
+                raise ValueError(f"a task example of {len(ex[0])} tokens exceeds tokens_per_step")
+            pool.append(ex)
+            total += len(ex[0])
+        groups = group_by_length(pool, cfg.tokens_per_step)
+        rng.shuffle(groups)
+        for g in groups:
+            yield pad_batch(g, tok.pad_token_id)
 
 
-def packed_loss(model, batch: PackedBatch) -> torch.Tensor:
-    """Mean next-token cross-entropy over response tokens of a packed batch (scalar)."""
-    logits = model(input_ids=batch.ids, attention_mask=batch.attn_mask, position_ids=batch.position_ids).logits
+def batch_loss(model, batch: Batch) -> torch.Tensor:
+    """Mean next-token cross-entropy over response tokens of a batch (scalar)."""
+    logits = model(input_ids=batch.ids).logits
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     nll = -logp.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
     m = batch.loss_mask[:, 1:]
@@ -326,13 +321,13 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
         for step in range(1, cfg.max_steps + 1):
             batch = next(stream)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                loss = packed_loss(model, batch)
+                loss = batch_loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             sched.step()
-            tokens += int(batch.ids.numel())
+            tokens += batch.n_real
             lv = float(loss.detach())
             loss_ema = lv if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * lv
             rep.step(step, f"loss {loss_ema:.3f} acc {acc:.2f}")
@@ -369,6 +364,7 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
         "history": history,
         "accuracy_check": "exact integer match of the last \\boxed{} (ulorl.data.task.is_correct)",
     }
+    manifest = json.loads(json.dumps(manifest))  # the same plain-JSON form a reuse reads back
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
     if out_dir.exists():
         shutil.rmtree(out_dir)

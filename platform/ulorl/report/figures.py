@@ -81,7 +81,7 @@ class PaperFigure:
                     one = len(targets) == 1
                     for sigma, lab in sorted(targets.items()):
                         ax.axhline(sigma, color="k" if one else colors[lab], linestyle="--", linewidth=1.0,
-                                   label=f"target sigma = {sigma:g}")
+                                   label=f"target sigma = {sigma:.3g}")
                 ax.set_xlabel("training step")
                 ax.set_ylabel(ylabel)
                 ax.set_title(panel if len(self.metrics) == 1 else f"{panel}: {ylabel}", fontsize=9)
@@ -117,6 +117,15 @@ def _short(param: str) -> str:
     return param.split(".")[-1]
 
 
+def _val(v: str) -> str:
+    """Param value for a legend: floats to 3 significant digits (Optuna draws 0.3456789...)."""
+    try:
+        f = float(v)
+    except ValueError:
+        return v
+    return v if f.is_integer() and "." not in v else f"{f:.3g}"
+
+
 def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str]) -> list[str]:
     """Label = primary param (pretty), plus whichever other params differ among runs whose labels
     would otherwise collide, plus the run name as a last resort."""
@@ -129,7 +138,7 @@ def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str]) -> li
         extra = [p for p in DISTINGUISHING if p not in (primary, panel_param)
                  and len({runs[i].param(p) for i in idx}) > 1]
         for i in idx:
-            parts = [f"{_short(p)}={runs[i].param(p)}" for p in extra]
+            parts = [f"{_short(p)}={_val(runs[i].param(p))}" for p in extra]
             out[i] = f"{lab} ({', '.join(parts)})" if parts else lab
         if len({out[i] for i in idx}) < len(idx):
             for i in idx:

@@ -14,7 +14,8 @@ are released for training. One step costs, in milliseconds::
   row of the step is done (``rows_j = B``) — synchronous GPU RL, where the paper's tail lives;
 * regime ``compact``: finished rows leave the batch (``rows_j`` = rows still active);
 * context ``padded``: a row's context at iteration j is the batch's longest prompt+prefix plus j
-  (left-padded batch, one KV cache); ``row``: its own prompt+prefix plus j (paged attention).
+  (left-padded batch, one KV cache); ``row``: its own prompt+prefix plus j (paged attention);
+  ``bucket``: its context bucket's longest plus j (the hf engine's bucketed caches).
 
 Since the policy is fixed, the scheduling does not depend on time: ``simulate`` runs the pools
 once per (S, regime) and records, per step, the *features* ``[iterations, row-slots,
@@ -56,6 +57,9 @@ __all__ = [
     "load_lengths",
     "parse_lengths",
     "FEATURES",
+    "decode_features",
+    "effective_context",
+    "plan_buckets",
     "add_ratios",
     "paper_lengths",
     "run_validate",
@@ -65,7 +69,7 @@ __all__ = [
 ]
 
 Regime = Literal["static", "compact"]
-ContextMode = Literal["padded", "row"]
+ContextMode = Literal["padded", "row", "bucket"]
 FEATURES = ("iters", "row_slots", "row_context", "prefill_tokens", "train_tokens", "one")
 
 
@@ -301,7 +305,17 @@ def _norm_ppf(q: float) -> float:
 
 @dataclass(frozen=True)
 class RolloutSetup:
-    """One rollout configuration (mirrors ``rollout.*`` of the experiment config)."""
+    """One rollout configuration (mirrors ``rollout.*`` of the experiment config) and the engine
+    traits that shape its cost.
+
+    ``context``: how a row's attention context is counted at a decode iteration — ``padded`` (the
+    batch's longest prompt+prefix: one left-padded cache), ``row`` (its own: paged / ragged
+    attention, vLLM), ``bucket`` (its context bucket's longest, buckets planned as the hf engine's
+    ``plan_buckets`` with ``max_buckets`` / ``bucket_overhead``).
+    ``share_prompt_prefill``: the G new samples of a prompt share one prefill (hf engine, vLLM
+    prefix cache). ``compact_min_frac``: in the compact regime, finished rows are dropped only
+    once at least this fraction of the batch is done (0 = at once; the hf engine uses 0.125).
+    """
 
     max_len: int
     segments: int
@@ -312,6 +326,10 @@ class RolloutSetup:
     context: ContextMode = "padded"
     min_ready_groups: int = 1
     max_unfinished: Optional[int] = None
+    share_prompt_prefill: bool = False
+    compact_min_frac: float = 0.0
+    max_buckets: int = 4
+    bucket_overhead: float = 256.0
 
     def __post_init__(self) -> None:
         if self.max_len < 1 or not 1 <= self.segments <= self.max_len:
@@ -320,12 +338,101 @@ class RolloutSetup:
             raise ValueError("prompts_per_step and group_size must be >= 1")
         if self.regime not in ("static", "compact"):
             raise ValueError(f"regime must be 'static' or 'compact', got {self.regime!r}")
-        if self.context not in ("padded", "row"):
-            raise ValueError(f"context must be 'padded' or 'row', got {self.context!r}")
+        if self.context not in ("padded", "row", "bucket"):
+            raise ValueError(f"context must be 'padded', 'row' or 'bucket', got {self.context!r}")
+        if not 0.0 <= self.compact_min_frac <= 1.0:
+            raise ValueError(f"compact_min_frac must be in [0, 1], got {self.compact_min_frac}")
 
     @property
     def segment_len(self) -> int:
         return -(-self.max_len // self.segments)
+
+
+def plan_buckets(ctx_lens: Sequence[int], decode_len: int, max_buckets: int = 4,
+                 overhead: float = 256.0) -> list[tuple[int, int]]:
+    """Contiguous buckets ``[(start, end), ...]`` of rows sorted by context length, minimising
+    ``sum_b rows_b * (max_ctx_b + decode_len / 2) + overhead * #buckets`` — the same plan as
+    ``ulorl.rollout.engines.hf.plan_buckets`` (re-implemented here without torch)."""
+    n = len(ctx_lens)
+    if n == 0:
+        return []
+    lens = np.asarray(ctx_lens, dtype=float)
+    if np.any(np.diff(lens) < 0):
+        raise ValueError("plan_buckets: ctx_lens must be sorted ascending")
+    ends = [i + 1 for i in range(n) if i == n - 1 or ctx_lens[i + 1] != ctx_lens[i]]
+    m = len(ends)
+    if m > 64:
+        stp = m / 64
+        ends = sorted({ends[min(m - 1, int(round((k + 1) * stp)) - 1)] for k in range(64)} | {n})
+        m = len(ends)
+    e_arr = np.asarray(ends, dtype=float)
+    w_arr = lens[np.asarray(ends) - 1] + decode_len / 2.0
+    K = max(1, max_buckets)
+    best = np.full((K, m), np.inf)
+    back = np.full((K, m), -1, dtype=np.int64)
+    best[0] = e_arr * w_arr + overhead
+    for k in range(1, K):
+        for j in range(1, m):
+            c = best[k - 1, :j] + (e_arr[j] - e_arr[:j]) * w_arr[j] + overhead
+            i = int(np.argmin(c))           # first minimum, as the engine's strict '<' scan
+            best[k, j], back[k, j] = c[i], i
+    k = int(np.argmin(best[:, m - 1]))
+    out, j = [], m - 1
+    while k >= 0 and j >= 0:
+        i = int(back[k, j]) if k > 0 else -1
+        out.append((ends[i] if i >= 0 else 0, ends[j]))
+        j, k = i, k - 1
+    return out[::-1]
+
+
+def effective_context(ctx0: np.ndarray, setup: RolloutSetup, decode_len: int) -> np.ndarray:
+    """Per-row context base ``e_i`` (tokens attended at the row's first decode iteration)."""
+    if setup.context == "padded":
+        return np.full(ctx0.shape, ctx0.max(), dtype=np.int64)
+    if setup.context == "row":
+        return ctx0.astype(np.int64)
+    order = np.argsort(ctx0, kind="stable")
+    srt = ctx0[order]
+    out = np.empty_like(srt)
+    for a, b in plan_buckets(srt.tolist(), decode_len, setup.max_buckets, setup.bucket_overhead):
+        out[a:b] = srt[b - 1]
+    res = np.empty_like(out)
+    res[order] = out
+    return res
+
+
+def decode_features(n: np.ndarray, e: np.ndarray, regime: str, compact_min_frac: float = 0.0
+                    ) -> tuple[int, int, float]:
+    """``(iterations, row-slots, row-context sum)`` of one batch decode.
+
+    Row i decodes ``n[i]`` tokens from context base ``e[i]``; at iteration j a row in the batch
+    attends ``e[i] + j`` tokens. static: every row stays for all ``max(n)`` iterations. compact:
+    the engine checks before each iteration j >= 1 and drops the done rows once at least
+    ``max(1, ceil(compact_min_frac * rows))`` are done (0 = every iteration).
+    """
+    N = int(n.size)
+    if N == 0:
+        return 0, 0, 0.0
+    iters = int(n.max())
+    if regime == "static":
+        return iters, N * iters, float(iters * e.sum()) + N * iters * (iters - 1) / 2.0
+    if compact_min_frac <= 0.0:
+        return iters, int(n.sum()), float((n * e).sum()) + float((n * (n - 1)).sum()) / 2.0
+    order = np.argsort(-n, kind="stable")
+    s = n[order]                                    # descending: the batch is always a prefix
+    ce = np.cumsum(e[order].astype(float))
+    asc = s[::-1]
+    slots, ctx, j0, Bc = 0, 0.0, 0, N
+    while True:
+        K = Bc - max(1, math.ceil(compact_min_frac * Bc))
+        j_end = min(max(j0 + 1, int(s[K])), iters)
+        span = j_end - j0
+        slots += Bc * span
+        ctx += span * ce[Bc - 1] + Bc * (j0 + j_end - 1) * span / 2.0
+        if j_end >= iters:
+            return iters, slots, ctx
+        j0 = j_end
+        Bc = N - int(np.searchsorted(asc, j0, side="right"))     # rows with n > j0
 
 
 @dataclass
@@ -389,21 +496,19 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
         n = np.minimum(seg, L_eff - d)
         done = d + n == L_eff
         ctx0 = setup.prompt_len + d
-        iters = int(n.max()) if B else 0
         if B == 0:
             feat = [0, 0, 0, 0, 0, 1]
         else:
-            tri_n = float((n * (n - 1)).sum()) / 2
-            if setup.regime == "static":
-                row_slots = B * iters
-                tri = B * iters * (iters - 1) / 2
-                base = B * iters * int(ctx0.max()) if setup.context == "padded" else iters * int(ctx0.sum())
-                row_ctx = base + tri
+            budget = int(np.minimum(seg, M - d).max())
+            e = effective_context(ctx0, setup, budget)
+            iters, row_slots, row_ctx = decode_features(n, e, setup.regime, setup.compact_min_frac)
+            if setup.context == "padded":
+                prefill = B * int(ctx0.max())
             else:
-                row_slots = int(n.sum())
-                base = int(ctx0.max()) * row_slots if setup.context == "padded" else int((n * ctx0).sum())
-                row_ctx = base + tri_n
-            prefill = B * int(ctx0.max()) if setup.context == "padded" else int(ctx0.sum())
+                n_new = new_L.size
+                carried_tokens = int(ctx0[: B - n_new].sum())
+                new_ctx = (admit if setup.share_prompt_prefill else n_new) * setup.prompt_len
+                prefill = carried_tokens + new_ctx
             feat = [iters, row_slots, row_ctx, prefill, 0, 1]
         # group gating and release
         if done.any():
@@ -467,6 +572,7 @@ class SimResult:
     truncated_frac: float
     multi_segment_frac: float     # finished samples generated by more than one policy step
     staleness_mean: float         # mean policy versions between first and last segment
+    prefill_tokens_per_finished: float = 0.0
     ratio_vs_s1: Optional[float] = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -504,6 +610,7 @@ def evaluate(trace: SimTrace, cost: CostModel) -> SimResult:
         truncated_frac=int(trace.truncated.sum()) / completed if completed else 0.0,
         multi_segment_frac=trace.multi_segment / completed if completed else 0.0,
         staleness_mean=trace.staleness_sum / completed if completed else 0.0,
+        prefill_tokens_per_finished=float(f[:, 3].sum()) / completed if completed else inf,
         extra={"decode_s_per_step": decode_ms / 1000.0 / trace.steps},
     )
 
@@ -649,29 +756,55 @@ def _progress(msg: str, progress: Optional[Any]) -> None:
         progress(msg)
 
 
-def bench_setup(config: dict[str, Any], segments: int, regime: str, context: ContextMode) -> RolloutSetup:
-    """``RolloutSetup`` from a bench ``config`` object (keys named in ``BENCH_CONFIG_KEYS``)."""
+def bench_setup(config: dict[str, Any], segments: int, regime: str,
+                context: Optional[ContextMode] = None) -> RolloutSetup:
+    """``RolloutSetup`` from a bench ``config`` object (``BENCH_CONFIG_KEYS``).
+
+    Engine traits default to the engine the bench names: hf fast path (``engine_backend: fast``)
+    = bucketed contexts, shared prompt prefill, compaction at 1/8 of rows done; hf fallback =
+    one padded cache, no sharing; vllm = per-row contexts, shared prefix, immediate compaction.
+    Config keys ``context_mode``, ``share_prompt_prefill``, ``compact_min_frac``, ``max_buckets``
+    and ``bucket_overhead`` override them, and ``context`` overrides ``context_mode``.
+    """
     def need(*names: str) -> Any:
         for n in names:
             if config.get(n) is not None:
                 return config[n]
         raise ValueError(f"BENCH.json config lacks {names[0]!r}")
+    engine = str(config.get("engine") or "hf")
+    backend = str(config.get("engine_backend") or "fast")
+    if engine == "vllm":
+        traits: dict[str, Any] = {"context": "row", "share_prompt_prefill": True, "compact_min_frac": 0.0}
+    elif backend == "fast":
+        traits = {"context": "bucket", "share_prompt_prefill": True, "compact_min_frac": 0.125}
+    else:
+        traits = {"context": "padded", "share_prompt_prefill": False, "compact_min_frac": 0.125}
+    for key, cfg_key in (("context", "context_mode"), ("share_prompt_prefill", "share_prompt_prefill"),
+                         ("compact_min_frac", "compact_min_frac")):
+        if config.get(cfg_key) is not None:
+            traits[key] = config[cfg_key]
+    if context is not None:
+        traits["context"] = context
     return RolloutSetup(
         max_len=int(need("max_response_len", "max_len")),
         segments=segments,
         prompts_per_step=int(need("prompts_per_step", "prompts")),
-        group_size=int(need("group_size", "G")),
+        group_size=int(need("group_size", "group")),
         regime=regime,  # type: ignore[arg-type]
         prompt_len=int(round(float(config.get("prompt_len_mean") or 0))),
-        context=context,
         min_ready_groups=int(config.get("min_ready_groups") or 1),
+        max_buckets=int(config.get("max_buckets") or 4),
+        bucket_overhead=float(config.get("bucket_overhead") or 256.0),
+        **traits,
     )
 
 
-BENCH_CONFIG_KEYS = ("max_response_len", "prompts_per_step", "group_size", "prompt_len_mean")
+BENCH_CONFIG_KEYS = ("max_response_len", "prompts_per_step", "group_size", "prompt_len_mean", "engine",
+                     "engine_backend", "min_ready_groups", "context_mode", "share_prompt_prefill",
+                     "compact_min_frac", "max_buckets", "bucket_overhead")
 
 
-def run_validate(bench: dict[str, Any], *, context: ContextMode = "padded", steps: int = 400, seed: int = 0,
+def run_validate(bench: dict[str, Any], *, context: Optional[ContextMode] = None, steps: int = 400, seed: int = 0,
                  tolerance: float = 0.15, fit_scale: bool = True, progress: Optional[Any] = None) -> dict[str, Any]:
     """Check (a): fit on the cost curve and the S = 1 rows only, predict every other row."""
     for key in ("results", "cost_curve", "config"):
@@ -689,9 +822,10 @@ def run_validate(bench: dict[str, Any], *, context: ContextMode = "padded", step
     if not s1:
         raise ValueError("BENCH.json results have no segments=1 row to fit on")
     traces: dict[tuple[int, str], SimTrace] = {}
-    for s, reg in sorted(measured):
+    setups = {k: bench_setup(bench["config"], k[0], k[1], context) for k in sorted(measured)}
+    for (s, reg), setup in setups.items():
         _progress(f"simulating S={s} {reg} ({steps} steps)", progress)
-        traces[(s, reg)] = simulate(bench_setup(bench["config"], s, reg, context), dist, steps=steps, seed=seed)
+        traces[(s, reg)] = simulate(setup, dist, steps=steps, seed=seed)
     p_curve, prefill_fit = None, None
     if bench.get("prefill_curve"):
         p_curve, prefill_fit = fit_prefill_curve(bench["prefill_curve"])
@@ -707,7 +841,9 @@ def run_validate(bench: dict[str, Any], *, context: ContextMode = "padded", step
         for name, pv in (("step_time_s", p.step_time_median_s), ("finished_per_s", p.finished_per_s),
                          ("ratio_vs_s1", p.ratio_vs_s1), ("decode_utilization", p.decode_utilization),
                          ("iters_per_finished", p.iters_per_finished), ("prefill_frac", p.prefill_frac),
-                         ("tokens_per_s", p.tokens_per_s)):
+                         ("tokens_per_s", p.tokens_per_s), ("mean_rows", p.batch_rows_mean),
+                         ("mean_unfinished", p.unfinished_mean),
+                         ("prefill_tokens_per_finished", p.prefill_tokens_per_finished)):
             mv = m.get(name)
             err = None if (mv in (None, 0) or pv is None) else (pv - float(mv)) / float(mv)
             row[name] = {"predicted": pv, "measured": mv, "rel_err": err}
@@ -722,7 +858,8 @@ def run_validate(bench: dict[str, Any], *, context: ContextMode = "padded", step
         "s1_fit": s1_fit,
         "prefill_curve_fit": prefill_fit,
         "cost_model": asdict(cost),
-        "context": context,
+        "engine_traits": {k: getattr(setups[min(setups)], k) for k in (
+            "context", "share_prompt_prefill", "compact_min_frac", "max_buckets", "bucket_overhead", "prompt_len")},
         "lengths": dist.describe(),
         "steps": steps,
         "seed": seed,
@@ -803,6 +940,7 @@ def run_paper(dist: Optional[LengthDist] = None, *, segments: Sequence[int] = (1
 def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_step: int, group_size: int,
              segments: Sequence[int], regimes: Sequence[str] = ("static", "compact"), prompt_len: int = 0,
              context: ContextMode = "padded", steps: int = 300, seed: int = 0, near: float = 0.05,
+             share_prompt_prefill: bool = False, compact_min_frac: float = 0.0,
              progress: Optional[Any] = None) -> dict[str, Any]:
     """Which S maximises finished samples per second, per regime (and the smallest S within
     ``near`` of the best, since more segments mean more off-policy tokens)."""
@@ -812,7 +950,8 @@ def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_ste
             if s > max_len:
                 raise ValueError(f"segments {s} > max_len {max_len}")
             _progress(f"simulating S={s} {reg} ({steps} steps)", progress)
-            setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context)  # type: ignore[arg-type]
+            setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context,  # type: ignore[arg-type]
+                                 share_prompt_prefill=share_prompt_prefill, compact_min_frac=compact_min_frac)
             results.append(evaluate(simulate(setup, dist, steps=steps, seed=seed), cost))
     add_ratios(results)
     best: dict[str, Any] = {}
@@ -826,7 +965,8 @@ def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_ste
     return {
         "command": "plan",
         "setting": {"max_len": max_len, "prompts_per_step": prompts_per_step, "group_size": group_size,
-                    "prompt_len": prompt_len, "context": context, "steps": steps, "seed": seed, "near": near},
+                    "prompt_len": prompt_len, "context": context, "share_prompt_prefill": share_prompt_prefill,
+                    "compact_min_frac": compact_min_frac, "steps": steps, "seed": seed, "near": near},
         "lengths": dist.describe(),
         "cost_model": asdict(cost),
         "results": [r.to_dict() for r in results],
@@ -838,6 +978,7 @@ def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_ste
 
 def synthetic_bench(cost: CostModel, dist: LengthDist, *, max_len: int, prompts_per_step: int, group_size: int,
                     prompt_len: int = 0, segments: Sequence[int] = (1, 2, 4, 8), context: ContextMode = "padded",
+                    share_prompt_prefill: bool = False, compact_min_frac: float = 0.0,
                     steps: int = 300, seed: int = 1, n_lengths: int = 2000) -> dict[str, Any]:
     """A ``ulorl-bench rollout --json``-shaped object generated by the simulator itself (tests,
     docs): a cost curve from ``cost`` on a rows x context grid, and simulated results. The
@@ -850,8 +991,9 @@ def synthetic_bench(cost: CostModel, dist: LengthDist, *, max_len: int, prompts_
     results = []
     for reg in ("static", "compact"):
         for s in segments:
-            tr = simulate(RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context),  # type: ignore[arg-type]
-                          dist, steps=steps, seed=seed)
+            setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context,  # type: ignore[arg-type]
+                                 share_prompt_prefill=share_prompt_prefill, compact_min_frac=compact_min_frac)
+            tr = simulate(setup, dist, steps=steps, seed=seed)
             results.append(evaluate(tr, cost))
     add_ratios(results)
     if isinstance(dist, EmpiricalLengths) and dist.groups:
@@ -860,11 +1002,15 @@ def synthetic_bench(cost: CostModel, dist: LengthDist, *, max_len: int, prompts_
         groups = np.minimum(dist.sample(rng, max(1, n_lengths // group_size), group_size), max_len)
     return {
         "config": {"max_response_len": max_len, "prompts_per_step": prompts_per_step, "group_size": group_size,
-                   "prompt_len_mean": prompt_len, "segments": list(segments), "regimes": ["static", "compact"]},
+                   "prompt_len_mean": prompt_len, "segments": list(segments), "regimes": ["static", "compact"],
+                   "engine": "simulator", "context_mode": context, "share_prompt_prefill": share_prompt_prefill,
+                   "compact_min_frac": compact_min_frac},
         "results": [{"segments": r.segments, "regime": r.regime, "step_time_s": r.step_time_median_s,
                      "finished_per_s": r.finished_per_s, "tokens_per_s": r.tokens_per_s,
                      "decode_utilization": r.decode_utilization, "prefill_frac": r.prefill_frac,
-                     "iters_per_finished": r.iters_per_finished, "ratio_vs_s1": r.ratio_vs_s1}
+                     "iters_per_finished": r.iters_per_finished, "ratio_vs_s1": r.ratio_vs_s1,
+                     "mean_rows": r.batch_rows_mean, "mean_unfinished": r.unfinished_mean,
+                     "prefill_tokens_per_finished": r.prefill_tokens_per_finished}
                     for r in results],
         "cost_curve": curve,
         "prefill_curve": [{"tokens": n, "ms": cost.p * n} for n in (256, 4096, 65536)],

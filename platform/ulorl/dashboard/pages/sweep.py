@@ -4,6 +4,8 @@ Optuna's when a study storage is given), optimization history."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any, Optional
 
 import pandas as pd
 import streamlit as st
@@ -17,11 +19,41 @@ OBJECTIVE_PREFERENCE = (
 )
 
 
-def objective_columns(trials: pd.DataFrame) -> list[str]:
-    """Metric columns with a value in at least one trial, preferred objectives first."""
+def objective_columns(trials: pd.DataFrame, declared: Optional[str] = None) -> list[str]:
+    """Metric columns with a value in at least one trial: the sweep's declared metric first,
+    then the preferred objectives, then the rest."""
     cols = [c for c in trials.columns if c.startswith(("metrics.", "best.")) and trials[c].notna().any()]
-    first = [c for c in OBJECTIVE_PREFERENCE if c in cols]
+    pref = ((f"metrics.{declared}", f"best.{declared}") if declared else ()) + OBJECTIVE_PREFERENCE
+    first = list(dict.fromkeys(c for c in pref if c in cols))
     return first + sorted(c for c in cols if c not in first)
+
+
+def sweep_parent(runs: pd.DataFrame, group: str) -> Optional[pd.Series]:
+    """The sweep parent run of a group (kind sweep, ulorl.sweep tag or name == group), if any."""
+    parents = runs[(runs["kind"] == "sweep")
+                   & ((runs.get("sweep_tag") == group) | (runs["run_name"] == group))]
+    return parents.iloc[0] if len(parents) else None
+
+
+def parent_hints(parent: Optional[pd.Series]) -> dict[str, Any]:
+    """What ``ulorl-sweep`` records on its parent run beyond the schema (all optional):
+    params ``space.<key>`` (searched keys), ``sweep.metric`` / ``sweep.mode``, and tag
+    ``ulorl.sweep_dir`` whose ``optuna.db`` holds the Optuna study named like the sweep."""
+    if parent is None:
+        return {}
+    hints: dict[str, Any] = {
+        "space": [c[len("params.space."):] for c, v in parent.items() if c.startswith("params.space.") and pd.notna(v)],
+    }
+    metric, mode = parent.get("params.sweep.metric"), parent.get("params.sweep.mode")
+    if isinstance(metric, str) and metric and not metric.startswith("["):
+        hints["metric"] = metric
+    if mode in ("max", "min"):
+        hints["mode"] = mode
+    sweep_dir = parent.get("tags.ulorl.sweep_dir")
+    if isinstance(sweep_dir, str) and (Path(sweep_dir) / "optuna.db").is_file():
+        hints["optuna_storage"] = f"sqlite:///{Path(sweep_dir) / 'optuna.db'}"
+        hints["study"] = parent.get("sweep_tag")
+    return hints
 
 
 @st.cache_data(ttl=60, show_spinner="Reading the Optuna study ...")
@@ -54,16 +86,20 @@ def render() -> None:
         ui.empty_state("No sweep (or experiment config) with two or more training runs yet.", ui.SWEEP_HINT)
     group = st.selectbox("Sweep (or experiment config for runs outside a sweep)", options, key="sweep_group")
     trials = train[groups == group]
+    hints = parent_hints(sweep_parent(runs, group))
 
-    objectives = objective_columns(trials)
+    objectives = objective_columns(trials, hints.get("metric"))
     if not objectives:
         ui.empty_state(f"The trials of `{group}` logged no metrics yet.", ui.SWEEP_HINT)
     c1, c2 = st.columns([3, 1])
     objective = c1.selectbox("Objective", objectives, key=f"sweep_objective_{group}",
                              format_func=lambda c: c.replace("metrics.", "final ").replace("best.", "best "))
-    mode = c2.radio("Direction", ["max", "min"], key="sweep_mode", horizontal=True)
-    varying = frames.varying_params(trials)
-    params = st.multiselect("Parameters", frames.param_keys(trials), default=varying[:8], key=f"sweep_params_{group}")
+    mode = c2.radio("Direction", ["max", "min"], key=f"sweep_mode_{group}", horizontal=True,
+                    index=1 if hints.get("mode") == "min" else 0)
+    keys = frames.param_keys(trials)
+    searched = [k for k in hints.get("space", []) if k in keys]
+    default = searched or frames.varying_params(trials)[:8]
+    params = st.multiselect("Parameters", keys, default=default, key=f"sweep_params_{group}")
     title = objective.split(".", 1)[-1]
 
     st.subheader("Parallel coordinates")
@@ -86,15 +122,18 @@ def render() -> None:
             st.info("Spearman correlation needs at least 3 trials with a varying parameter and objective.")
         st.dataframe(imp, hide_index=True, key="sweep_importance_table")
     with right:
-        storage = st.text_input("Optuna storage URL (optional)", value=os.environ.get(OPTUNA_ENV, ""),
-                                key="sweep_optuna_storage", placeholder="sqlite:////abs/path/optuna.db")
+        storage = st.text_input("Optuna storage URL (optional)",
+                                value=hints.get("optuna_storage") or os.environ.get(OPTUNA_ENV, ""),
+                                key=f"sweep_optuna_storage_{group}", placeholder="sqlite:////abs/path/optuna.db")
         if storage:
             try:
                 studies = optuna_studies(storage)
                 if not studies:
                     st.info("No studies in that storage.")
                 else:
-                    name = st.selectbox("Study", studies, key="sweep_study")
+                    study = hints.get("study")
+                    name = st.selectbox("Study", studies, key=f"sweep_study_{group}",
+                                        index=studies.index(study) if study in studies else 0)
                     oimp = optuna_importance(storage, name)
                     st.altair_chart(charts.importance_chart(oimp, "importance", "Optuna importance"),
                                     width="stretch", key="sweep_optuna_chart")

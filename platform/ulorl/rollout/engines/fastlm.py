@@ -27,13 +27,12 @@ SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
 
 @dataclass
 class _Layer:
-    ln1: torch.Tensor
+    # RMSNorm weights are folded into the next matrix: rms(x) * g @ W.T == rms(x) @ (W * g).T
     wqkv: torch.Tensor
     bqkv: Optional[torch.Tensor]
     qkn: Optional[torch.Tensor]          # [nh + kvh, hd] q-norm / k-norm weights, or None
     wo: torch.Tensor
     bo: Optional[torch.Tensor]
-    ln2: torch.Tensor
     wgu: torch.Tensor
     bgu: Optional[torch.Tensor]
     wd: torch.Tensor
@@ -128,23 +127,22 @@ class FastCausalLM:
                     qkn = t(torch.cat([a.q_norm.weight[None].expand(self.nh, -1),
                                        a.k_norm.weight[None].expand(self.kvh, -1)]))
                 bg, bu = getattr(mlp.gate_proj, "bias", None), getattr(mlp.up_proj, "bias", None)
+                g1 = layer.input_layernorm.weight.float()[None]
+                g2 = layer.post_attention_layernorm.weight.float()[None]
                 layers.append(_Layer(
-                    ln1=t(layer.input_layernorm.weight),
-                    wqkv=t(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])),
+                    wqkv=t(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).float() * g1),
                     bqkv=bqkv,
                     qkn=qkn,
                     wo=t(a.o_proj.weight),
                     bo=t(getattr(a.o_proj, "bias", None)),
-                    ln2=t(layer.post_attention_layernorm.weight),
-                    wgu=t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    wgu=t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).float() * g2),
                     bgu=t(torch.cat([bg, bu])) if bg is not None and bu is not None else None,
                     wd=t(mlp.down_proj.weight),
                     bd=t(getattr(mlp.down_proj, "bias", None)),
                 ))
             self.layers = layers
             self.emb = t(m.model.embed_tokens.weight)
-            self.norm = t(m.model.norm.weight)
-            self.lm = t(m.lm_head.weight)
+            self.lm = t(m.lm_head.weight.float() * m.model.norm.weight.float()[None])
             self.lm_b = t(getattr(m.lm_head, "bias", None))
 
     def rope(self, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,64 +167,77 @@ class FastCausalLM:
         return self._cos, self._sin
 
     # ------------------------------------------------------------------------------ pieces
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _rms(self, x: torch.Tensor) -> torch.Tensor:
+        """RMSNorm without its weight (folded into the next matrix); float32 statistics."""
         if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+            return F.rms_norm(x, (x.shape[-1],), None, self.eps)
         xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * xf.to(x.dtype)
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
     def _qk_norm(self, qk: torch.Tensor, w: _Layer) -> torch.Tensor:
         if w.qkn is None:
             return qk
-        if qk.dtype == torch.float32:
-            return F.rms_norm(qk, (self.hd,), None, self.eps) * w.qkn
-        return self._rms(qk, torch.ones(self.hd, dtype=qk.dtype, device=qk.device)) * w.qkn
+        return self._rms(qk) * w.qkn
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._rms(x, self.norm), self.lm, self.lm_b).float()
+        return F.linear(self._rms(x), self.lm, self.lm_b).float()
 
     def _mlp(self, x: torch.Tensor, w: _Layer) -> torch.Tensor:
-        h = self._rms(x, w.ln2)
+        h = self._rms(x)
         g, u = F.linear(h, w.wgu, w.bgu).chunk(2, dim=-1)
         return x + F.linear(F.silu(g) * u, w.wd, w.bd)
 
     # ------------------------------------------------------------------------------ prefill
-    def prefill(self, ids: torch.Tensor, valid: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded ``ids [n, T]`` (``valid [n, T]`` bool, None = no padding) ->
-        ``(kv [L, 2, n, kvh, T, hd], last-position logits [n, V] float32)``.
+    def prefill(self, ids: torch.Tensor, lens: torch.Tensor, past: Optional[torch.Tensor] = None,
+                past_lens: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward new tokens after an optional past.
 
-        Padded positions attend to themselves only, so every value stays finite.
+        ids: ``[n, Q]`` right-padded (row i's tokens are ``ids[i, :lens[i]]``); lens: ``[n]``.
+        past: ``[L, 2, n, kvh, Pm, hd]`` left-padded (row i's ``past_lens[i]`` keys/values in the
+        last columns) or None. Returns ``(kv [L, 2, n, kvh, Q, hd]`` of the new tokens (row i valid
+        in ``[:lens[i]]``), ``logits [n, V]`` float32 at each row's last new token).
+        Padded queries attend to themselves, so every value stays finite.
         """
-        n, T = ids.shape
-        if valid is None:
-            pos = torch.arange(T, device=ids.device).expand(n, T)
-            mask = None
-        else:
-            pos = (valid.long().cumsum(-1) - 1).clamp_(min=0)
-            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril_()
-            mask = (causal[None] & valid[:, None, :]) | torch.eye(T, dtype=torch.bool, device=ids.device)[None]
-            mask = mask[:, None]                                    # [n, 1, T, T]
-        cos_t, sin_t = self.rope(T)
-        cos, sin = cos_t[pos][:, :, None], sin_t[pos][:, :, None]   # [n, T, 1, hd]
-        kv = torch.empty(self.nlayers, 2, n, self.kvh, T, self.hd, dtype=self.dtype, device=self.device)
+        n, Q = ids.shape
+        dev = ids.device
+        j = torch.arange(Q, device=dev)
+        p0 = past_lens if past is not None else torch.zeros(n, dtype=torch.long, device=dev)
+        pos = p0[:, None] + j[None]
+        full = past is None and bool((lens == Q).all())
+        mask = None
+        if not full:
+            qvalid = j[None] < lens[:, None]                                        # [n, Q]
+            new = (j[None, None, :] <= j[None, :, None]) & qvalid[:, None, :]
+            new |= torch.eye(Q, dtype=torch.bool, device=dev)[None]
+            if past is not None:
+                Pm = past.shape[4]
+                pv = torch.arange(Pm, device=dev)[None] >= (Pm - past_lens)[:, None]  # [n, Pm]
+                new = torch.cat([pv[:, None, :].expand(n, Q, Pm), new], dim=2)
+            mask = new[:, None]                                                   # [n, 1, Q, Pm + Q]
+        cos_t, sin_t = self.rope(int(pos.max()) + 1)
+        cos, sin = cos_t[pos][:, :, None], sin_t[pos][:, :, None]                 # [n, Q, 1, hd]
+        kv = torch.empty(self.nlayers, 2, n, self.kvh, Q, self.hd, dtype=self.dtype, device=dev)
         x = F.embedding(ids, self.emb)
         half = self.hd // 2
         for li, w in enumerate(self.layers):
-            h = self._rms(x, w.ln1)
+            h = self._rms(x)
             qkv = F.linear(h, w.wqkv, w.bqkv)
-            qk = self._qk_norm(qkv[..., : self.qk_dim].view(n, T, self.nh + self.kvh, self.hd), w)
+            qk = self._qk_norm(qkv[..., : self.qk_dim].view(n, Q, self.nh + self.kvh, self.hd), w)
             qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
             q = qk[:, :, : self.nh].transpose(1, 2)
             k = qk[:, :, self.nh:].transpose(1, 2)
-            v = qkv[..., self.qk_dim:].view(n, T, self.kvh, self.hd).transpose(1, 2)
+            v = qkv[..., self.qk_dim:].view(n, Q, self.kvh, self.hd).transpose(1, 2)
             kv[li, 0] = k
             kv[li, 1] = v
+            if past is not None:
+                k = torch.cat([past[li, 0], k], dim=2)
+                v = torch.cat([past[li, 1], v], dim=2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                scale=self.scaling, enable_gqa=self.nrep > 1)
-            x = x + F.linear(o.transpose(1, 2).reshape(n, T, self.q_dim), w.wo, w.bo)
+            x = x + F.linear(o.transpose(1, 2).reshape(n, Q, self.q_dim), w.wo, w.bo)
             x = self._mlp(x, w)
-        return kv, self._logits(x[:, -1])
+        last = x[torch.arange(n, device=dev), lens - 1]
+        return kv, self._logits(last)
 
     # ------------------------------------------------------------------------------ decode
     def decode(self, tok: torch.Tensor, pos: torch.Tensor, buckets: list[Bucket], step: int) -> torch.Tensor:
@@ -241,7 +252,7 @@ class FastCausalLM:
         half = self.hd // 2
         single = len(buckets) == 1
         for li, w in enumerate(self.layers):
-            h = self._rms(x, w.ln1)
+            h = self._rms(x)
             qkv = F.linear(h, w.wqkv, w.bqkv)
             qk = self._qk_norm(qkv[:, : self.qk_dim].view(B, self.nh + self.kvh, self.hd), w)
             qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
@@ -273,24 +284,25 @@ class FastCausalLM:
     # ------------------------------------------------------------------------------ checks
     @torch.no_grad()
     def verify(self, tol: Optional[float] = None) -> float:
-        """Max |logit difference| vs ``model(...)`` on a small left-padded batch; raises if > tol."""
+        """Max |logit difference| vs ``model(...)`` on a small batch; raises if > tol.
+
+        Also checks that prefilling in two pieces (a past, then the rest) gives the same logits."""
         dev = self.device
         vocab = self.emb.shape[0]
         g = torch.Generator().manual_seed(1234)
         ids = torch.randint(0, vocab, (2, 7), generator=g).to(dev)
-        valid = torch.ones(2, 7, dtype=torch.bool, device=dev)
-        valid[1, :3] = False
-        _, fast = self.prefill(ids, valid)
-        pos = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        lens = torch.full((2,), 7, dtype=torch.long, device=dev)
+        kv, fast = self.prefill(ids, lens)
+        past = kv[..., :3, :]
+        _, split = self.prefill(ids[:, 3:], lens - 3, past, torch.full((2,), 3, dtype=torch.long, device=dev))
         mdev = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()
         try:
-            ref = self.model(input_ids=ids.to(mdev), attention_mask=valid.long().to(mdev),
-                             position_ids=pos.to(mdev)).logits[:, -1].float().to(dev)
+            ref = self.model(input_ids=ids.to(mdev)).logits[:, -1].float().to(dev)
         finally:
             self.model.train(was_training)
-        diff = float((fast - ref).abs().max())
+        diff = float(torch.maximum((fast - ref).abs().max(), (split - ref).abs().max()))
         if tol is None:
             tol = 1e-3 if self.dtype == torch.float32 else 0.25
         scale = 1.0 + float(ref.abs().max())

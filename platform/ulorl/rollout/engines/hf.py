@@ -58,10 +58,14 @@ class HFEngineStats(EngineStats):
     ``context_tokens``: prompt + prefix tokens of all requests (what a naive engine prefills);
     ``prefill_tokens``: tokens actually forwarded in prefill (after sharing identical contexts);
     ``prefill_padded``: prefill tokens including padding; ``compactions``: cache shrinks;
-    ``buckets``: context buckets of the (first) batch; ``batches``: sequential batches.
+    ``buckets``: context buckets of the (first) batch; ``batches``: sequential batches;
+    ``forwards``: decode forward passes. ``decode_iterations`` counts token rounds (the first
+    token of a batch comes from the prefill logits), so ``row_slots == rows * decode_iterations``
+    in the static regime; ``decode_s / forwards`` is the cost of one decode forward.
     """
 
     context_tokens: int = 0
+    forwards: int = 0
     prefill_padded: int = 0
     compactions: int = 0
     buckets: int = 0
@@ -284,19 +288,20 @@ class HFEngine:
             u_all = torch.from_numpy(counter_uniforms([r.seed for r in rows], [r.start_pos for r in rows],
                                                       m_max)).to(dev)
         row_ids = torch.arange(N, device=dev)
-        max_new = torch.tensor([r.max_new for r in rows], dtype=torch.long, device=dev)
-        out_tok = torch.full((N, m_max), self.pad_token_id, dtype=torch.long, device=dev)
-        out_lp = torch.zeros((N, m_max), dtype=torch.float32, device=dev)
-        length = torch.zeros(N, dtype=torch.long, device=dev)
-        ended_eos = torch.zeros(N, dtype=torch.bool, device=dev)
+        max_new_all = torch.tensor([r.max_new for r in rows], dtype=torch.long, device=dev)
+        max_new = max_new_all
+        uniform = all(r.max_new == m_max for r in rows)   # then only the last round hits the budget
+        eos0 = self.eos_token_ids[0]
+        single_eos = len(self.eos_token_ids) == 1
+
+        def is_eos(t: torch.Tensor) -> torch.Tensor:
+            return t == eos0 if single_eos else torch.isin(t, self._eos)
 
         tok, lp = sample_tokens(logits, sampling, None if greedy else u_all[:, 0])
-        out_tok[:, 0], out_lp[:, 0] = tok, lp
-        is_eos = torch.isin(tok, self._eos)
-        done = is_eos | (max_new <= 1)
-        length[done] = 1
-        ended_eos |= is_eos
+        hist = [(row_ids, tok, lp)]          # (batch rows -> request rows, tokens, log-probs) per round
+        done = is_eos(tok) | (max_new <= 1)
         stats.row_slots += N
+        stats.decode_iterations += 1
         stats.batch_rows += N
         stats.prefill_s += time.perf_counter() - t0
 
@@ -314,25 +319,148 @@ class HFEngine:
                 B = int(keep.shape[0])
                 stats.compactions += 1
             logits = state.step(tok, j)
-            u = None if greedy else u_all[row_ids, j]
-            tok, lp = sample_tokens(logits, sampling, u)
-            out_tok[row_ids, j] = tok
-            out_lp[row_ids, j] = lp
-            is_eos = torch.isin(tok, self._eos)
-            newly = ~done & (is_eos | (max_new <= j + 1))
-            if bool(newly.any()):
-                ids = row_ids[newly]
-                length[ids] = j + 1
-                ended_eos[ids] = is_eos[newly]
-                done = done | newly
+            tok, lp = sample_tokens(logits, sampling, None if greedy else u_all[row_ids, j])
+            hist.append((row_ids, tok, lp))
+            done = done | is_eos(tok)
+            if not uniform:
+                done = done | (max_new <= j + 1)
             stats.decode_iterations += 1
+            stats.forwards += 1
             stats.row_slots += B
         stats.decode_s += time.perf_counter() - t1
 
+        # assemble [N, m_max] outputs (one copy per run of rounds between compactions)
+        out_tok = torch.full((N, m_max), self.pad_token_id, dtype=torch.long, device=dev)
+        out_lp = torch.zeros((N, m_max), dtype=torch.float32, device=dev)
+        j0 = 0
+        while j0 < len(hist):
+            rid = hist[j0][0]
+            j1 = j0
+            while j1 < len(hist) and hist[j1][0] is rid:
+                j1 += 1
+            out_tok[rid, j0:j1] = torch.stack([h[1] for h in hist[j0:j1]], dim=1)
+            out_lp[rid, j0:j1] = torch.stack([h[2] for h in hist[j0:j1]], dim=1)
+            j0 = j1
+        # a response ends at its first EOS within its budget (rows never leave before their end)
+        within = torch.arange(m_max, device=dev)[None] < max_new_all[:, None]
+        e = is_eos(out_tok) & within
+        ended_eos = e.any(dim=1)
+        length = torch.where(ended_eos, e.int().argmax(dim=1) + 1, max_new_all)
         lengths = length.tolist()
         toks_all, lps_all, eos_all = out_tok.tolist(), out_lp.tolist(), ended_eos.tolist()
         return [(toks_all[i][:lengths[i]], lps_all[i][:lengths[i]], "eos" if eos_all[i] else "length")
                 for i in range(N)]
+
+
+@dataclass
+class PrefixNode:
+    """A node of the prefix forest: tokens ``[start, end)`` of context ``rep`` (shared by every
+    context below it); ``ends``: contexts equal to the path ``[0, end)``; ``level``: depth in nodes."""
+
+    start: int
+    end: int
+    rep: int
+    parent: int
+    level: int
+    ends: list[int]
+
+
+def prefix_forest(contexts: Sequence[Sequence[int]]) -> list[PrefixNode]:
+    """Compressed trie (radix forest) of non-empty token sequences.
+
+    Every position shared by several contexts belongs to exactly one node, so prefilling each
+    node once (after its parent) computes every context's keys/values with no repeated token.
+    Example: ``[[1, 2, 3], [1, 2, 4], [5]]`` -> ``[1, 2]`` with children ``[3]`` and ``[4]``, and ``[5]``.
+    """
+    n = len(contexts)
+    if any(len(c) == 0 for c in contexts):
+        raise ValueError("prefix_forest: empty context")
+    order = sorted(range(n), key=lambda i: list(contexts[i]))
+    nodes: list[PrefixNode] = []
+    stack = [(0, n, 0, -1, 0)] if n else []
+    while stack:
+        lo, hi, depth, parent, level = stack.pop()
+        i = lo
+        while i < hi:
+            t = contexts[order[i]][depth]
+            k = i + 1
+            while k < hi and contexts[order[k]][depth] == t:
+                k += 1
+            first, last = contexts[order[i]], contexts[order[k - 1]]
+            end, m = depth + 1, min(len(first), len(last))
+            while end < m and first[end] == last[end]:
+                end += 1
+            r = i
+            ends = []
+            while r < k and len(contexts[order[r]]) == end:
+                ends.append(order[r])
+                r += 1
+            nodes.append(PrefixNode(depth, end, order[k - 1], parent, level, ends))
+            if r < k:
+                stack.append((r, k, end, len(nodes) - 1, level + 1))
+            i = k
+    return nodes
+
+
+def _prefill_forest(fast: FastCausalLM, contexts: list[list[int]], pad_id: int, budget: int,
+                    stats: HFEngineStats) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Prefill distinct ``contexts`` through their prefix forest, level by level, in chunks of at
+    most ``budget`` padded (past + new) tokens. Returns per context its keys/values
+    ``[L, 2, kvh, len, hd]`` and last-position logits ``[V]``."""
+    dev = fast.device
+    nodes = prefix_forest(contexts)
+    levels: dict[int, list[int]] = {}
+    for nid, nd in enumerate(nodes):
+        levels.setdefault(nd.level, []).append(nid)
+    has_children = {nd.parent for nd in nodes}
+    full: dict[int, torch.Tensor] = {}
+    leaf_kv: list[Optional[torch.Tensor]] = [None] * len(contexts)
+    logits: list[Optional[torch.Tensor]] = [None] * len(contexts)
+    L, kvh, hd = fast.nlayers, fast.kvh, fast.hd
+    for lvl in sorted(levels):
+        todo = sorted(levels[lvl], key=lambda x: (nodes[x].start, nodes[x].end - nodes[x].start))
+        c0 = 0
+        while c0 < len(todo):
+            c1 = c0 + 1
+            pm, qm = nodes[todo[c0]].start, nodes[todo[c0]].end - nodes[todo[c0]].start
+            while c1 < len(todo):
+                nd = nodes[todo[c1]]
+                p2, q2 = max(pm, nd.start), max(qm, nd.end - nd.start)
+                if (c1 - c0 + 1) * (p2 + q2) > budget:
+                    break
+                pm, qm, c1 = p2, q2, c1 + 1
+            chunk = todo[c0:c1]
+            n = len(chunk)
+            ids = torch.full((n, qm), pad_id, dtype=torch.long)
+            qlens = []
+            for i, nid in enumerate(chunk):
+                nd = nodes[nid]
+                ids[i, : nd.end - nd.start] = torch.tensor(contexts[nd.rep][nd.start:nd.end], dtype=torch.long)
+                qlens.append(nd.end - nd.start)
+            past = plens = None
+            if pm > 0:
+                past = torch.zeros(L, 2, n, kvh, pm, hd, dtype=fast.dtype, device=dev)
+                for i, nid in enumerate(chunk):
+                    p = nodes[nid].start
+                    if p:
+                        past[:, :, i, :, pm - p:] = full[nodes[nid].parent]
+                plens = torch.tensor([nodes[nid].start for nid in chunk], dtype=torch.long, device=dev)
+            kv_new, lg = fast.prefill(ids.to(dev), torch.tensor(qlens, dtype=torch.long, device=dev), past, plens)
+            stats.prefill_tokens += sum(qlens)
+            stats.prefill_padded += n * qm
+            for i, nid in enumerate(chunk):
+                nd = nodes[nid]
+                own = kv_new[:, :, i, :, : qlens[i]]
+                path = own if nd.start == 0 else torch.cat([full[nd.parent], own], dim=3)
+                if nid in has_children:
+                    full[nid] = path
+                for u in nd.ends:
+                    leaf_kv[u] = path
+                    logits[u] = lg[i]
+            c0 = c1
+        for nid in levels.get(lvl - 1, []):
+            full.pop(nid, None)
+    return leaf_kv, logits  # type: ignore[return-value]
 
 
 class _FastState:
@@ -364,7 +492,7 @@ class _FastState:
             for i in range(s, e):
                 row_bucket[i] = bi
 
-        # distinct contexts, prefilled once each, in length-sorted chunks
+        # distinct contexts -> prefix forest; every node's tokens are prefilled once, level by level
         uid_of: dict[tuple[int, ...], int] = {}
         row_uid = []
         uniq: list[list[int]] = []
@@ -375,46 +503,22 @@ class _FastState:
                 u = uid_of[key] = len(uniq)
                 uniq.append(r.ctx)
             row_uid.append(u)
-        rows_of_uid: list[list[int]] = [[] for _ in uniq]
+        leaf_kv, logits_u = _prefill_forest(fast, uniq, eng.pad_token_id, eng.prefill_chunk_tokens, stats)
+        # copy each context's keys/values, right-aligned, into the cache rows of its requests
+        targets: dict[tuple[int, int], list[int]] = {}
         for i, u in enumerate(row_uid):
-            rows_of_uid[u].append(i)
-        logits_u: list[Optional[torch.Tensor]] = [None] * len(uniq)
-        order = sorted(range(len(uniq)), key=lambda u: len(uniq[u]))   # already ascending; keep stable
-        budget = max(1, eng.prefill_chunk_tokens)
-        c0 = 0
-        while c0 < len(order):
-            c1 = c0 + 1
-            while c1 < len(order) and (c1 - c0 + 1) * len(uniq[order[c1]]) <= budget:
-                c1 += 1
-            chunk = order[c0:c1]
-            T = len(uniq[chunk[-1]])
-            ids = torch.full((len(chunk), T), eng.pad_token_id, dtype=torch.long)
-            valid = torch.zeros((len(chunk), T), dtype=torch.bool)
-            for k, u in enumerate(chunk):
-                c = uniq[u]
-                ids[k, T - len(c):] = torch.tensor(c, dtype=torch.long)
-                valid[k, T - len(c):] = True
-            ids, valid = ids.to(dev), valid.to(dev)
-            kv_c, lg = fast.prefill(ids, None if bool(valid.all()) else valid)
-            stats.prefill_tokens += sum(len(uniq[u]) for u in chunk)
-            stats.prefill_padded += len(chunk) * T
-            # scatter each chunk row into the cache rows of every request that shares it
-            per_bucket: dict[int, tuple[list[int], list[int]]] = {}
-            for k, u in enumerate(chunk):
-                logits_u[u] = lg[k]
-                for i in rows_of_uid[u]:
-                    bi = row_bucket[i]
-                    dst, src = per_bucket.setdefault(bi, ([], []))
-                    dst.append(i - self.buckets[bi].start)
-                    src.append(k)
-            for bi, (dst, src) in per_bucket.items():
-                b = self.buckets[bi]
-                w = min(T, b.P)
-                d = torch.tensor(dst, dtype=torch.long, device=dev)
-                sidx = torch.tensor(src, dtype=torch.long, device=dev)
-                b.kv[:, :, d, :, b.P - w:b.P] = kv_c[:, :, sidx, :, T - w:]
-            c0 = c1
-        self.first_logits = torch.stack([logits_u[u] for u in row_uid])  # type: ignore[misc]
+            bi = row_bucket[i]
+            targets.setdefault((bi, u), []).append(i - self.buckets[bi].start)
+        for (bi, u), local in targets.items():
+            b = self.buckets[bi]
+            c = len(uniq[u])
+            src = leaf_kv[u]                                          # [L, 2, kvh, c, hd]
+            if len(local) == 1:
+                b.kv[:, :, local[0], :, b.P - c:b.P] = src
+            else:
+                idx = torch.tensor(local, dtype=torch.long, device=dev)
+                b.kv[:, :, idx, :, b.P - c:b.P] = src[:, :, None]
+        self.first_logits = torch.stack([logits_u[u] for u in row_uid])
 
     def step(self, tok: torch.Tensor, j: int) -> torch.Tensor:
         logits = self.fast.decode(tok, self.pos + (j - 1), self.buckets, j)

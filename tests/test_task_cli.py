@@ -1,0 +1,66 @@
+"""``ulorl-data``: help, sample, and ``stats --json`` on the shipped model (small n)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ulorl.cli.data import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "ulorl.cli.data", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def test_help_lists_subcommands(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for sub in ("warmstart", "stats", "sample"):
+        assert sub in out
+
+
+def test_sample_json(capsys) -> None:
+    assert main(["sample", "--n", "2", "--seed", "5", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert len(res["items"]) == 2
+    it = res["items"][0]
+    assert it["prompt"].startswith("Add: ") and it["solution"].endswith(f"\\boxed{{{it['answer']}}}")
+
+
+def test_bad_flag_value_is_named(capsys) -> None:
+    assert main(["stats", "--n", "0"]) == 2
+    assert "--n" in capsys.readouterr().err
+    assert main(["stats", "--top-p", "1.5"]) == 2
+    assert "--top-p" in capsys.readouterr().err
+
+
+def test_stats_json_lengths_only(capsys) -> None:
+    assert main(["stats", "--json", "--n", "64", "--no-accuracy"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    lp = res["length_percentiles"]
+    assert lp["p50"] <= lp["p90"] <= lp["max"] and res["n"] == 64
+    assert sum(res["bucket_counts"].values()) == 64
+
+
+def test_stats_json_subprocess() -> None:
+    """The documented command prints exactly one JSON object on stdout; progress goes to stderr."""
+    r = _run("stats", "--json", "--n", "16", "--seed", "0", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)  # the whole stdout is one JSON object
+    assert res["n"] == 16 and res["seed"] == 0
+    assert set(res["length_percentiles"]) >= {"p50", "p90", "max"}
+    assert 0.0 <= res["accuracy"] <= 1.0
+    accs = [a for a in res["accuracy_by_length"].values() if a is not None]
+    assert accs and all(0.0 <= a <= 1.0 for a in accs)
+    assert "sampled" in r.stderr

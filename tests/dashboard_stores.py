@@ -177,9 +177,10 @@ REAL_RUNS: tuple[tuple[str, int], ...] = (("dynamic", 4), ("off", 1))
 
 
 def tiny_overrides(mode: str, segments: int, root: Path) -> list[str]:
-    """Overrides that make ``experiments/quickstart.yaml`` a 3-step run on a 2-core CPU."""
+    """Overrides that make ``experiments/quickstart.yaml`` a 3-step run on a 2-core CPU.
+    (The mode is quoted: YAML reads a bare ``off`` as False.)"""
     return [
-        "train.max_steps=3", f"algo.mpt.mode={mode}", f"rollout.segments={segments}",
+        "train.max_steps=3", f"algo.mpt.mode='{mode}'", f"rollout.segments={segments}",
         "rollout.max_response_len=128", "rollout.prompts_per_step=4", "rollout.group_size=4",
         "tracking.sample_every=1", "tracking.samples_per_log=2", "eval.every=3", "eval.num_problems=4",
         "eval.k=2", "train.checkpoint_every=3", "train.threads=1", f"train.output_dir={root / 'runs'}",
@@ -187,7 +188,7 @@ def tiny_overrides(mode: str, segments: int, root: Path) -> list[str]:
     ]
 
 
-def build_real_store(root: Path) -> dict[str, Any]:
+def build_real_store(root: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """Two REAL tiny training runs (``ulorl.train.trainer.train``) and one REAL ``ulorl-eval`` run
     of the first run's final checkpoint, nested under it."""
     from ulorl.config import load_experiment
@@ -196,7 +197,7 @@ def build_real_store(root: Path) -> dict[str, Any]:
     uri = fresh_db(root)
     out: dict[str, Any] = {"uri": uri}
     for mode, segments in REAL_RUNS:
-        cfg = load_experiment(REPO / "experiments" / "quickstart.yaml", tiny_overrides(mode, segments, root))
+        cfg = load_experiment(REPO / "experiments" / "quickstart.yaml", tiny_overrides(mode, segments, root) + list(extra))
         result = train(cfg, tracking_uri=uri, progress=False)
         assert result.run_id, f"training run ({mode}) returned no run id"
         out[f"train_{mode}"] = result.run_id

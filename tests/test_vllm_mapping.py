@@ -46,3 +46,41 @@ def test_request_seed_mixes_both_seeds_deterministically():
 def test_invalid_settings_rejected(sp):
     with pytest.raises(ValueError):
         vllm_sampling_kwargs(sp, REQ, [7])
+
+
+def test_logits_processors_make_processed_logits_the_untruncated_scaled_logprobs():
+    """vLLM's order (sampler.py): NormalizeLogits -> / T -> NormalizeScaledLogits -> top-k mask.
+    The kept values equal log_softmax(logits / T); the sampling distribution is unchanged."""
+    import torch
+
+    from ulorl.rollout.engines.vllm_ext import NormalizeLogits, NormalizeScaledLogits
+
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(4, 50, generator=g)
+    temp, k = 0.7, 5
+    x = NormalizeLogits(None, "cpu", False).apply(logits.clone())
+    y = NormalizeScaledLogits(None, "cpu", False).apply(x / temp)
+    kth = torch.topk(y, k, dim=-1).values[:, -1:]
+    masked = y.masked_fill(y < kth, float("-inf"))
+    kept = masked > float("-inf")
+    expect = torch.log_softmax(logits / temp, dim=-1)
+    assert torch.allclose(masked[kept], expect[kept], atol=1e-5)
+    # the draws: softmax of the processed row == top-k renormalised softmax(logits / T)
+    ref = torch.softmax((logits / temp).masked_fill(~kept, float("-inf")), dim=-1)
+    assert torch.allclose(torch.softmax(masked, dim=-1), ref, atol=1e-6)
+    assert not NormalizeLogits(None, "cpu", False).is_argmax_invariant()
+    assert NormalizeScaledLogits(None, "cpu", False).is_argmax_invariant()
+
+
+def test_state_dict_blob_round_trip():
+    import io
+
+    import torch
+
+    from ulorl.rollout.engines.vllm_ext import state_dict_to_bytes
+
+    sd = {"a.weight": torch.arange(6.0).reshape(2, 3).t(), "b.bias": torch.ones(3, dtype=torch.bfloat16)}
+    back = torch.load(io.BytesIO(state_dict_to_bytes(sd)), weights_only=True)
+    assert list(back) == list(sd)
+    for name, t in sd.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name], t) and back[name].is_contiguous()

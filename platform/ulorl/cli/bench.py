@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--segments", default=",".join(map(str, d.segments)), help="segment counts S")
     r.add_argument("--regimes", default=",".join(d.regimes), help="batching regimes")
     r.add_argument("--warmup", type=int, default=None, help="warm-up steps per setting (default: S + 1)")
-    r.add_argument("--threads", type=int, default=d.threads, help="torch threads (default: torch's)")
+    r.add_argument("--threads", type=int, default=d.threads,
+                   help="torch threads (0 = torch's default; 1 is robust on a shared 2-core machine)")
     r.add_argument("--model", default=d.model, help="'embedded' or a local model folder")
     r.add_argument("--seed", type=int, default=d.seed, help="prompt order and sampling seed")
     r.add_argument("--temperature", type=float, default=d.temperature)
@@ -84,7 +85,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             prompts=args.prompts, group=args.group, max_len=args.max_len,
             segments=_ints(args.segments, "--segments"), regimes=regimes, seconds=args.seconds,
             rounds=args.rounds, warmup=args.warmup, device=args.device, model=args.model,
-            threads=args.threads, temperature=args.temperature, seed=args.seed,
+            threads=args.threads or None, temperature=args.temperature, seed=args.seed,
             cost_rows=_ints(args.cost_rows, "--cost-rows"),
             cost_contexts=_ints(args.cost_contexts, "--cost-contexts") if args.cost_contexts else None,
         )

@@ -13,6 +13,12 @@ import pandas as pd
 X_TITLES = {"step": "training step", "wall": "wall-clock (s since run start)"}
 
 
+def _x(x: str) -> alt.X:
+    """Steps are integers: no fractional ticks."""
+    axis = alt.Axis(tickMinStep=1, format="d") if x == "step" else alt.Axis()
+    return alt.X("x:Q", title=X_TITLES.get(x, x), axis=axis)
+
+
 def _y(field: str, title: str, log: bool) -> alt.Y:
     scale = alt.Scale(type="log") if log else alt.Scale(zero=False)
     return alt.Y(f"{field}:Q", title=title, scale=scale)
@@ -22,7 +28,7 @@ def curves_chart(curves: pd.DataFrame, metric: str, x: str = "step", log: bool =
                  sigma: Optional[pd.DataFrame] = None, height: int = 320) -> alt.LayerChart:
     """One line per run (``curve_frame`` output); optional dashed sigma reference per run."""
     base = alt.Chart(curves).mark_line(point=len(curves) <= 60).encode(
-        x=alt.X("x:Q", title=X_TITLES.get(x, x)),
+        x=_x(x),
         y=_y("value", metric, log),
         color=alt.Color("run:N", title="run"),
         tooltip=["run:N", "step:Q", alt.Tooltip("raw:Q", format=".4g"), alt.Tooltip("value:Q", format=".4g")],
@@ -38,7 +44,7 @@ def curves_chart(curves: pd.DataFrame, metric: str, x: str = "step", log: bool =
 def bands_chart(bands: pd.DataFrame, metric: str, x: str = "step", log: bool = False,
                 sigma: Optional[pd.DataFrame] = None, height: int = 320) -> alt.LayerChart:
     """Mean line and min-max band per group (``group_bands`` output)."""
-    enc_x = alt.X("x:Q", title=X_TITLES.get(x, x))
+    enc_x = _x(x)
     band = alt.Chart(bands).mark_area(opacity=0.2).encode(
         x=enc_x, y=_y("min", metric, log), y2="max:Q", color=alt.Color("group:N", title="group"))
     line = alt.Chart(bands).mark_line().encode(
@@ -55,7 +61,7 @@ def bands_chart(bands: pd.DataFrame, metric: str, x: str = "step", log: bool = F
 def small_multiples(curves: pd.DataFrame, height: int = 160) -> alt.FacetChart:
     """Several metrics of the selected runs, one small panel each (column ``metric``)."""
     return alt.Chart(curves).mark_line().encode(
-        x=alt.X("x:Q", title="step"), y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
+        x=_x("step"), y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
         color=alt.Color("run:N"), tooltip=["run:N", "metric:N", "step:Q", alt.Tooltip("value:Q", format=".4g")],
     ).properties(height=height, width=260).facet(facet=alt.Facet("metric:N", title=None), columns=2).resolve_scale(
         y="independent")

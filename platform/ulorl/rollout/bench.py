@@ -45,7 +45,7 @@ class BenchConfig:
     warmup: Optional[int] = None      # warm-up steps per setting; None = S + 1
     device: str = "cpu"
     model: str = "embedded"
-    threads: Optional[int] = None     # torch threads; None = leave torch's default
+    threads: Optional[int] = 1        # torch threads (1: on a shared 2-core box 2 threads thrash); None = torch's default
     temperature: float = 0.85
     top_p: float = 1.0
     top_k: int = -1

@@ -1,4 +1,8 @@
 """Scale path helpers: side environments and launchers for vLLM, DeepSpeed and Ray.
 
-Nothing here is imported by the core package; each module is run or imported on demand.
+Nothing here is imported by the core package; each module is run or imported on demand (no ray,
+deepspeed or vllm import at package import)::
+
+    ulorl-train EXP.yaml --ray [--address ray://host:10001]   # ulorl.scale.placement
+    python -m ulorl.scale.gpu_check                            # on a CUDA machine
 """

@@ -137,6 +137,7 @@ class Trainer:
         progress: bool = True,
         fail_at_step: Optional[int] = None,
         eval_at_start: bool = False,
+        engine_factory: Optional[Callable[..., Any]] = None,
     ) -> None:
         self.cfg = cfg
         self.resume_dir = find_resume_dir(cfg, resume) if resume else None
@@ -148,6 +149,7 @@ class Trainer:
         self.show_progress = progress
         self.fail_at_step = fail_at_step
         self.eval_at_start = eval_at_start
+        self.engine_factory = engine_factory  # (rollout_cfg, model, tokenizer) -> Engine; default make_engine
         self.stop = _StopFlag()
         self.run_id: Optional[str] = None
 
@@ -183,8 +185,9 @@ class Trainer:
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.backend: TrainBackend = self._make_backend(model)
-        self.model = self.backend.model
-        self.engine = make_engine(cfg.rollout, self.model, tokenizer)
+        # deepspeed: backend.model is the DeepSpeed engine; rollouts/checkpoints use the plain module
+        self.model = getattr(self.backend, "rollout_model", self.backend.model)
+        self.engine = (self.engine_factory or make_engine)(cfg.rollout, self.model, tokenizer)
         from ulorl.reward.judge import judge_from_config
 
         def load_judge_engine(name: str) -> tuple[Any, Any]:
@@ -382,6 +385,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
+        from ulorl.train.distributed import launch_role, run_worker
+
+        if launch_role(self.cfg) == "worker":  # rank >= 1 of a multi-process run: follow rank 0
+            return run_worker(self)
         self._setup()
         cfg = self.cfg
         self.stop.install()
@@ -460,6 +467,9 @@ class Trainer:
             progress.close()
             self.stop.restore()
             self.scorer.close()
+            if hasattr(self.backend, "close"):  # deepspeed: release the worker ranks (they return this)
+                self.backend.close(run_id=self.run_id, run_dir=str(self.run_dir), steps=self.step,
+                                   interrupted=self.stop.signal is not None)
         if self.tracker is not None:
             final = ckpt_io.latest_checkpoint(self.run_dir)
             if final is not None and status == "FINISHED":

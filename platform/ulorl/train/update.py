@@ -117,6 +117,9 @@ def policy_update(
     device: torch.device,
 ) -> UpdateResult:
     """Run the UloRL update on finished samples (whole groups). Returns metrics for tracking."""
+    dp = getattr(backend, "data_parallel", None)  # multi-process: ulorl.train.distributed.DataParallel
+    if dp is not None:
+        dp.begin_update(samples)  # rank 0 ships the samples; worker ranks run this function on them
     rewards_all = torch.tensor([float(s.reward or 0.0) for s in samples])
     groups_all = torch.tensor([s.group_id for s in samples])
     metrics: dict[str, float] = {
@@ -141,7 +144,8 @@ def policy_update(
     adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps)
 
     model.eval()
-    cur_lp, ent = current_token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
+    stats_fn = dp.token_stats if dp is not None else current_token_stats  # sharded + all-reduced
+    cur_lp, ent = stats_fn(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
     old_lp = select_old_logprobs(algo.is_mode, cur_lp, batch.sais_logprobs) * resp
 
     sample_entropy = (ent * resp).sum(1) / resp.sum(1).clamp(min=1)
@@ -174,7 +178,10 @@ def policy_update(
         mb = batch.rows(mb_rows)
         mb_tokens = mb.num_response_tokens
         mb_idx = torch.tensor(mb_rows, dtype=torch.long)
-        for rows in micro_batches(mb, train.micro_batch_tokens):
+        # multi-process: this rank's shard, padded with weight-0 passes to the same count on every rank
+        plan = dp.micro_batches(mb, train.micro_batch_tokens) if dp is not None else [
+            (rows, 1.0) for rows in micro_batches(mb, train.micro_batch_tokens)]
+        for rows, weight in plan:
             sub = mb.rows(rows)
             idx = mb_idx[torch.tensor(rows, dtype=torch.long)]
             width = sub.targets.shape[1]
@@ -191,20 +198,23 @@ def policy_update(
                 eps_high=algo.eps_high,
                 num_tokens=mb_tokens,
             )
-            if not torch.isfinite(loss):
+            if not (dp.all_finite(loss) if dp is not None else torch.isfinite(loss)):
                 backend.zero_grad()
                 model.eval()
                 metrics["train/nonfinite"] = 1.0
                 return UpdateResult(False, metrics, reason=f"non-finite loss ({float(loss)}); update refused")
-            backend.backward(loss)
-            pg_loss_total += float(loss.detach())
-            _weighted(acc, m, sub.num_response_tokens / n_tokens)
+            backend.backward(loss if weight == 1.0 else loss * weight)
+            if weight:
+                pg_loss_total += float(loss.detach())
+                _weighted(acc, m, sub.num_response_tokens / n_tokens)
         norm = backend.step()
         if not math.isfinite(norm):
             metrics["train/nonfinite"] = 1.0
             model.eval()
             return UpdateResult(False, metrics, reason=f"non-finite gradient norm ({norm}); update refused")
         grad_norms.append(norm)
+    if dp is not None:
+        pg_loss_total, acc = dp.reduce_loss_metrics(pg_loss_total, acc)
     model.eval()
 
     metrics.update(

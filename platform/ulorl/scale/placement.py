@@ -1,0 +1,470 @@
+"""One training run inside a Ray placement group: N trainer workers + M rollout engines.
+
+    ulorl-train EXP.yaml --ray [--address ADDR] [overrides]     # CLI (run_with_placement)
+    result = run_placement(cfg, step_callback=report)           # Python / inside a Tune trial
+
+Layout (``resources`` section of the experiment)::
+
+    bundle 0 .. N-1   trainer workers  {CPU: cpus_per_trainer_worker, GPU: gpus_per_trainer_worker}
+    bundle N .. N+M-1 rollout engines  {CPU: cpus_per_engine,         GPU: gpus_per_engine}
+
+* Trainer workers are Ray actors forming one torch.distributed job (RANK / WORLD_SIZE / MASTER_ADDR
+  set per actor, gloo on CPU, nccl on GPU): worker 0 runs the ``Trainer`` (scheduler, scorer, MLflow,
+  checkpoints), workers 1..N-1 follow it as DeepSpeed data-parallel ranks (``ulorl.train.distributed``).
+  N > 1 needs ``train.backend: deepspeed``.
+* Rollout engines are Ray actors, each with its own copy of the policy and an engine from
+  ``make_engine`` (hf or vllm); the trainer reaches them through ``RemoteEngine``, an ``Engine``
+  protocol proxy that splits each ``generate`` call across the engines and pushes new weights to
+  all of them after every optimizer step.
+* Placement: ``STRICT_PACK`` (one machine) when ``resources.nodes == 1``, else ``PACK``. Without
+  ``--address`` a local Ray starts on 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, no
+  dashboard). Inside a Tune trial whose resources are ``tune_resources(cfg)``, the trial's own
+  placement group is used (bundle 0 is the trial itself).
+* The run's placement (bundles, resources, node IPs, Ray address) is logged as ``placement.*``
+  params of the run's MLflow run; step metrics reach ``step_callback`` in the calling process
+  (through a Ray queue), so a Tune trial can ``tune.report`` them.
+
+Paths handed to the actors are absolute (Ray workers do not share the caller's working directory).
+On a multi-machine cluster the run directory and the MLflow store must be reachable from every
+node (shared filesystem, MLflow server).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:
+    from ulorl.config import ExperimentConfig
+
+PG_READY_TIMEOUT_S = 120.0
+
+
+class PlacementError(RuntimeError):
+    """The placement group cannot be made (resources missing, Ray unreachable, bad layout)."""
+
+
+@dataclass
+class PlacementResult:
+    run_id: Optional[str]
+    run_dir: Path
+    steps: int
+    interrupted: bool
+    tracking_uri: str
+    params: dict[str, str] = field(default_factory=dict)
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- layout (pure)
+
+
+def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+    b = {"CPU": float(cpus)}
+    if gpus > 0:
+        b["GPU"] = float(gpus)
+    return b
+
+
+def placement_bundles(cfg: "ExperimentConfig") -> list[dict[str, float]]:
+    """Trainer-worker bundles then engine bundles, from ``cfg.resources``."""
+    r = cfg.resources
+    return [_bundle(r.cpus_per_trainer_worker, r.gpus_per_trainer_worker)] * r.trainer_workers + [
+        _bundle(r.cpus_per_engine, r.gpus_per_engine)
+    ] * r.rollout_engines
+
+
+def placement_strategy(cfg: "ExperimentConfig") -> str:
+    return "STRICT_PACK" if cfg.resources.nodes == 1 else "PACK"
+
+
+def tune_resources(cfg: "ExperimentConfig", trial_cpus: float = 0.01) -> Any:
+    """``tune.PlacementGroupFactory`` for a trial that calls ``run_placement``: the trial's own small
+    bundle first, then ``placement_bundles(cfg)``."""
+    from ray.tune import PlacementGroupFactory
+
+    return PlacementGroupFactory([{"CPU": trial_cpus}] + placement_bundles(cfg), strategy=placement_strategy(cfg))
+
+
+def check_fits(bundles: list[dict[str, float]], strategy: str, cluster: dict[str, float],
+               nodes: list[dict[str, float]]) -> Optional[str]:
+    """Why ``bundles`` cannot be placed on a cluster (totals ``cluster``, per-node ``nodes``), or None."""
+    for res in ("CPU", "GPU"):
+        need = sum(b.get(res, 0.0) for b in bundles)
+        have = float(cluster.get(res, 0.0))
+        if need > have + 1e-9:
+            return f"the placement needs {need:g} {res} in total but the Ray cluster has {have:g}"
+        if strategy == "STRICT_PACK":
+            best = max((float(n.get(res, 0.0)) for n in nodes), default=0.0)
+            if need > best + 1e-9:
+                return (f"resources.nodes=1 packs everything on one machine: {need:g} {res} needed, "
+                        f"the largest node has {best:g}")
+    return None
+
+
+def validate_layout(cfg: "ExperimentConfig") -> None:
+    r = cfg.resources
+    if r.trainer_workers > 1 and cfg.train.backend != "deepspeed":
+        raise PlacementError(
+            f"resources.trainer_workers={r.trainer_workers} needs train.backend=deepspeed "
+            f"(train.backend={cfg.train.backend!r} trains in one process)"
+        )
+
+
+def actor_threads(cpus: float) -> int:
+    return max(1, int(math.floor(cpus + 1e-9)))
+
+
+# ----------------------------------------------------------------------------- actors
+
+
+class RemoteEngine:
+    """``Engine`` protocol over rollout-engine actors: requests are split into contiguous chunks
+    (one per engine, order kept), weights go to every engine."""
+
+    def __init__(self, handles: list[Any], eos_token_id: int) -> None:
+        if not handles:
+            raise ValueError("RemoteEngine needs at least one engine actor")
+        self.handles = handles
+        self.eos_token_id = eos_token_id
+        self.policy_version = 0
+        self.last_stats: Any = None
+
+    def generate(self, requests: list[Any], sampling: Any) -> list[Any]:
+        import ray
+
+        if not requests:
+            return []
+        n = min(len(self.handles), len(requests))
+        bounds = [len(requests) * i // n for i in range(n + 1)]
+        parts = ray.get([
+            self.handles[i].generate.remote(requests[bounds[i]: bounds[i + 1]], sampling) for i in range(n)
+        ])
+        results = [r for res, _ in parts for r in res]
+        stats = [s for _, s in parts if s is not None]
+        self.last_stats = _sum_stats(stats)
+        return results
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        import ray
+
+        ref = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
+        ray.get([h.update_weights.remote(ref, version) for h in self.handles])
+        self.policy_version = int(version)
+
+
+def _sum_stats(stats: list[Any]) -> Any:
+    if not stats:
+        return None
+    if len(stats) == 1:
+        return stats[0]
+    import dataclasses
+
+    out = stats[0]
+    for s in stats[1:]:
+        for f in dataclasses.fields(out):
+            a, b = getattr(out, f.name), getattr(s, f.name)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+                setattr(out, f.name, a + b)
+    return out
+
+
+def _node_info() -> dict[str, Any]:
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return {"node_ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(), "pid": os.getpid(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+
+class EngineActor:
+    """A rollout engine in its own Ray actor (its own copy of the policy)."""
+
+    def __init__(self, cfg_dict: dict[str, Any], threads: int) -> None:
+        import torch
+
+        from ulorl.config import config_from_dict
+        from ulorl.models.loading import load_policy
+        from ulorl.rollout.engines import make_engine
+
+        torch.set_num_threads(threads)
+        cfg = config_from_dict(cfg_dict)
+        model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.rollout.device,
+                                 rope_scaling=cfg.model.rope_scaling, trust_remote_code=cfg.model.trust_remote_code)
+        self.engine = make_engine(cfg.rollout, model, tok)
+
+    def info(self) -> dict[str, Any]:
+        return _node_info()
+
+    def generate(self, requests: list[Any], sampling: Any) -> tuple[list[Any], Any]:
+        results = self.engine.generate(requests, sampling)
+        return results, getattr(self.engine, "last_stats", None)
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.engine.update_weights(state_dict, version)
+
+
+class TrainerActor:
+    """One trainer worker (a torch.distributed rank); rank 0 runs the Trainer."""
+
+    def info(self) -> dict[str, Any]:
+        return _node_info()
+
+    def free_port(self) -> int:
+        from ulorl.train.distributed import free_port
+
+        return free_port()
+
+    def run(self, cfg_dict: dict[str, Any], env: dict[str, str], trainer_kwargs: dict[str, Any],
+            engines: list[Any], queue: Any) -> dict[str, Any]:
+        os.environ.update(env)
+        from ulorl.config import config_from_dict
+        from ulorl.train.trainer import Trainer
+
+        cfg = config_from_dict(cfg_dict)
+        holder: dict[str, Any] = {}
+
+        def report(step: int, metrics: dict[str, float], ckpt: Optional[Path]) -> None:
+            if queue is not None:
+                queue.put((holder["t"].run_id, step, {k: float(v) for k, v in metrics.items()},
+                           str(ckpt) if ckpt else None))
+
+        def engine_factory(rollout_cfg: Any, model: Any, tokenizer: Any) -> RemoteEngine:
+            return RemoteEngine(engines, tokenizer.eos_token_id)
+
+        trainer = Trainer(cfg, engine_factory=engine_factory if engines else None, step_callback=report,
+                          progress=False, **trainer_kwargs)
+        holder["t"] = trainer
+        res = trainer.run()
+        return {"run_id": res.run_id, "run_dir": str(res.run_dir), "steps": res.steps,
+                "interrupted": res.interrupted, "tracking_uri": res.tracking_uri,
+                "last_metrics": dict(res.last_metrics)}
+
+
+# ----------------------------------------------------------------------------- MLflow params
+
+
+def placement_params(cfg: "ExperimentConfig", address: str, strategy: str, bundles: list[dict[str, float]],
+                     trainer_info: list[dict[str, Any]], engine_info: list[dict[str, Any]],
+                     cluster: dict[str, float]) -> dict[str, str]:
+    """The ``placement.*`` params of a run (strings, as MLflow stores them)."""
+    n = cfg.resources.trainer_workers
+    out = {
+        "placement.address": address,
+        "placement.strategy": strategy,
+        "placement.trainer_workers": str(n),
+        "placement.rollout_engines": str(cfg.resources.rollout_engines),
+        "placement.bundles": json.dumps(bundles),
+        "placement.cluster_cpus": f"{cluster.get('CPU', 0.0):g}",
+        "placement.cluster_gpus": f"{cluster.get('GPU', 0.0):g}",
+        "placement.nodes_used": str(len({i["node_id"] for i in trainer_info + engine_info})),
+        "placement.master_addr": trainer_info[0]["node_ip"] if trainer_info else "",
+    }
+    for i, info in enumerate(trainer_info):
+        out[f"placement.trainer.{i}.node_ip"] = info["node_ip"]
+        out[f"placement.trainer.{i}.resources"] = json.dumps(bundles[i])
+    for j, info in enumerate(engine_info):
+        out[f"placement.engine.{j}.node_ip"] = info["node_ip"]
+        out[f"placement.engine.{j}.resources"] = json.dumps(bundles[n + j])
+    return out
+
+
+def log_placement_params(tracking_uri: str, run_id: str, params: dict[str, str]) -> None:
+    """Log ``params`` to the run; on a resumed run a changed value becomes a ``<key>.resumed`` tag."""
+    from mlflow.entities import Param, RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    have = client.get_run(run_id).data.params
+    new = [Param(k, v) for k, v in params.items() if k not in have]
+    changed = [RunTag(f"{k}.resumed", v) for k, v in params.items() if k in have and have[k] != v]
+    if new or changed:
+        client.log_batch(run_id, params=new, tags=changed)
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def _start_ray(address: Optional[str]) -> tuple[bool, str]:
+    """Connect to ``address`` or start a local Ray on 127.0.0.1; returns (started_here, address)."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    if ray.is_initialized():
+        return False, address or "existing"
+    try:
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            return True, address
+        ray.init(include_dashboard=False, log_to_driver=True)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise PlacementError(f"cannot start or reach Ray{' at ' + address if address else ''}: {exc}") from exc
+    return True, "local"
+
+
+def _current_trial_pg(n_bundles: int) -> Any:
+    import ray
+
+    pg = ray.util.get_current_placement_group()
+    if pg is None:
+        return None
+    if len(pg.bundle_specs) != n_bundles + 1:
+        raise PlacementError(
+            f"this process runs in a placement group of {len(pg.bundle_specs)} bundles; run_placement needs "
+            f"1 + {n_bundles} (use ulorl.scale.placement.tune_resources(cfg) as the trial's resources)"
+        )
+    return pg
+
+
+def run_placement(
+    cfg: "ExperimentConfig",
+    *,
+    address: Optional[str] = None,
+    run_dir: Optional[str | Path] = None,
+    resume: Optional[str] = None,
+    tracking_uri: Optional[str] = None,
+    step_callback: Optional[Callable[[int, dict[str, float], Optional[Path]], None]] = None,
+    progress: bool = False,
+    **trainer_kwargs: Any,
+) -> PlacementResult:
+    """Run one training in a placement group (module docstring). ``trainer_kwargs`` go to ``Trainer``
+    on worker 0 (parent_run_id, extra_tags, fail_at_step, eval_at_start)."""
+    validate_layout(cfg)
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.queue import Empty, Queue
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from ulorl.tracking import resolve_tracking_uri
+    from ulorl.train.trainer import default_run_dir, find_resume_dir
+
+    uri = resolve_tracking_uri(tracking_uri, cfg.tracking.uri)
+    if resume:
+        rdir = find_resume_dir(cfg, resume)
+    else:
+        rdir = Path(run_dir).resolve() if run_dir else default_run_dir(cfg)
+    r = cfg.resources
+    # one torch thread per whole CPU of the bundle unless the experiment says otherwise
+    trainer_cfg = cfg if cfg.train.threads else cfg.model_copy(
+        update={"train": cfg.train.model_copy(update={"threads": actor_threads(r.cpus_per_trainer_worker)})})
+    cfg_dict = trainer_cfg.model_dump(mode="json")
+    bundles = placement_bundles(cfg)
+    strategy = placement_strategy(cfg)
+    n, m = r.trainer_workers, r.rollout_engines
+
+    started, addr = _start_ray(address)
+    own_pg = None
+    actors: list[Any] = []
+    try:
+        pg = _current_trial_pg(len(bundles))
+        offset = 1 if pg is not None else 0
+        if pg is None:
+            nodes = [nd.get("Resources", {}) for nd in ray.nodes() if nd.get("Alive")]
+            why = check_fits(bundles, strategy, ray.cluster_resources(), nodes)
+            if why:
+                raise PlacementError(f"{why} (bundles {bundles})")
+            own_pg = pg = placement_group(bundles, strategy=strategy, name=f"ulorl-{cfg.name}-{os.getpid()}")
+            ready, _ = ray.wait([pg.ready()], timeout=PG_READY_TIMEOUT_S)
+            if not ready:
+                raise PlacementError(f"placement group {bundles} ({strategy}) not ready after {PG_READY_TIMEOUT_S:.0f}s")
+
+        def opts(i: int) -> dict[str, Any]:
+            b = bundles[i]
+            return {"num_cpus": b["CPU"], "num_gpus": b.get("GPU", 0.0),
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=offset + i)}
+
+        engine_cls = ray.remote(EngineActor)
+        trainer_cls = ray.remote(TrainerActor)
+        engines = [engine_cls.options(**opts(n + j)).remote(cfg_dict, actor_threads(r.cpus_per_engine))
+                   for j in range(m)]
+        workers = [trainer_cls.options(**opts(i)).remote() for i in range(n)]
+        actors = engines + workers
+        trainer_info = ray.get([w.info.remote() for w in workers])
+        engine_info = ray.get([e.info.remote() for e in engines])
+        master_addr = trainer_info[0]["node_ip"]
+        master_port = ray.get(workers[0].free_port.remote())
+        cluster = ray.cluster_resources()
+        params = placement_params(cfg, addr, strategy, bundles, trainer_info, engine_info, cluster)
+        if progress:
+            print(f"ulorl-train --ray: {n} trainer worker(s) + {m} engine(s) on "
+                  f"{params['placement.nodes_used']} node(s), run dir {rdir}", file=sys.stderr)
+
+        queue = Queue(actor_options={"num_cpus": 0})
+        actors.append(queue.actor)
+        futures = []
+        for i, w in enumerate(workers):
+            local = sum(1 for k in range(i) if trainer_info[k]["node_id"] == trainer_info[i]["node_id"])
+            env = {"RANK": str(i), "WORLD_SIZE": str(n), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+                   # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES: its device is cuda:0
+                   "LOCAL_RANK": "0" if r.gpus_per_trainer_worker > 0 else str(local)}
+            kwargs = {"run_dir": str(rdir), "tracking_uri": uri, **({"resume": str(rdir)} if resume and i == 0 else {})}
+            if i == 0:
+                kwargs.update(trainer_kwargs)
+            futures.append(w.run.remote(cfg_dict, env, kwargs, engines if i == 0 else [], queue if i == 0 else None))
+
+        logged = False
+
+        def drain() -> None:
+            nonlocal logged
+            while True:
+                try:
+                    run_id, step, metrics, ckpt = queue.get_nowait()
+                except Empty:
+                    return
+                if not logged and run_id:
+                    log_placement_params(uri, run_id, params)
+                    logged = True
+                if progress:
+                    print(f"step {step}: reward {metrics.get('rollout/reward_mean', float('nan')):.3f} "
+                          f"{metrics.get('time/step_s', 0.0):.1f}s/step", file=sys.stderr)
+                if step_callback is not None:
+                    step_callback(step, metrics, Path(ckpt) if ckpt else None)
+
+        pending = list(futures)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            drain()
+            if done:
+                ray.get(done)  # raises at once when an actor failed
+        drain()
+        out = ray.get(futures[0])
+        if out["run_id"] and not logged:
+            log_placement_params(uri, out["run_id"], params)
+        return PlacementResult(run_id=out["run_id"], run_dir=Path(out["run_dir"]), steps=out["steps"],
+                               interrupted=out["interrupted"], tracking_uri=out["tracking_uri"], params=params,
+                               last_metrics=out["last_metrics"])
+    finally:
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:  # already gone
+                pass
+        if own_pg is not None:
+            remove_placement_group(own_pg)
+        if started:
+            ray.shutdown()
+
+
+def run_with_placement(cfg: "ExperimentConfig", args: Any) -> int:
+    """``ulorl-train EXP.yaml --ray [--address ADDR]``: exit status 0, 2 (bad input/placement), 130."""
+    from ulorl.config import ConfigError
+
+    try:
+        res = run_placement(cfg, address=args.address, run_dir=args.run_dir, resume=args.resume,
+                            tracking_uri=args.tracking_uri, progress=not args.no_progress)
+    except (PlacementError, FileNotFoundError, ConfigError, ValueError) as exc:
+        print(f"ulorl-train: {exc}", file=sys.stderr)
+        return 2
+    state = "interrupted (checkpoint saved; continue with --resume)" if res.interrupted else "finished"
+    print(f"run {res.run_id} {state} after {res.steps} steps")
+    print(f"  placement: {res.params.get('placement.trainer_workers')} trainer worker(s) + "
+          f"{res.params.get('placement.rollout_engines')} engine(s), strategy {res.params.get('placement.strategy')}, "
+          f"Ray {res.params.get('placement.address')}")
+    print(f"  tracking: {res.tracking_uri}")
+    print(f"  checkpoints: {res.run_dir / 'checkpoints'}")
+    return 130 if res.interrupted else 0

@@ -1,0 +1,206 @@
+"""DeepSpeed ZeRO training backend (``train.backend: deepspeed``), same interface as ``TorchBackend``.
+
+    backend = DeepSpeedBackend(model, cfg.train)   # ZeRO stage / offload from cfg.train.deepspeed
+
+* Optimizer: a torch ``AdamW`` handed to DeepSpeed (constant lr, ``train.betas``, ``weight_decay``),
+  so nothing compiles (DeepSpeed's own CPU Adam builds an extension for ~60 s). Gradient clipping
+  at ``train.grad_clip`` is DeepSpeed's (global norm over all ZeRO partitions); ``step`` returns
+  the pre-clip global norm.
+* Precision: ``train.bf16`` -> DeepSpeed bf16 (bf16 module, fp32 master weights in the optimizer).
+* Gradient accumulation by token budget: the trainer splits a mini-batch into micro-batches by
+  ``train.micro_batch_tokens`` and divides each micro-batch loss by the mini-batch's *global*
+  response-token count (Eq. 10). DeepSpeed runs with ``gradient_accumulation_steps=1`` in
+  unmanaged mode (``backward`` accumulates, ``step`` is the boundary), never rescales by
+  accumulation steps, and averages gradients over ranks — so ``backward`` multiplies the loss by
+  the world size: mean over ranks of (W x local part) = sum of the parts = the single-process
+  gradient.
+* Multi-process: ``self.data_parallel`` (``ulorl.train.distributed.DataParallel``) is set when
+  WORLD_SIZE > 1; on rank 0 each collective method first tells the worker ranks to join.
+* Checkpoints: ``save(dir)`` / ``load(dir)`` use ``engine.save_checkpoint`` / ``load_checkpoint`` in
+  ``dir/deepspeed`` (module, fp32 master weights, Adam moments and step of every rank's shard); the
+  trainer writes model/, pools, RNG and data position beside it. Resuming needs the same number of
+  processes and a filesystem that every rank sees.
+* ``rollout_model``: the plain transformers module the rollout engine and the trainer's checkpoint
+  ``model/`` use — the engine's own module under ZeRO 1/2 (full replica), a full copy under ZeRO-3
+  (parameters are partitioned there), refreshed by ``state_dict_for_rollout``.
+
+deepspeed is imported when the backend is built, never at package import.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from ulorl.config import TrainConfig
+from ulorl.train.distributed import DataParallel, dist_env, ensure_process_group
+
+log = logging.getLogger("ulorl.train.deepspeed")
+
+CHECKPOINT_SUBDIR = "deepspeed"
+CHECKPOINT_TAG = "state"
+
+
+def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
+    """The DeepSpeed JSON config for ``cfg`` (see the module docstring for why each value)."""
+    ds = cfg.deepspeed
+    zero: dict[str, Any] = {"stage": ds.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": cfg.grad_clip,
+        "bf16": {"enabled": bool(cfg.bf16)},
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**62,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedBackend:
+    """``TrainBackend`` over a DeepSpeed engine (module docstring).
+
+    Attributes:
+        model: the DeepSpeed engine (an ``nn.Module``: forward / train / eval go through it, as ZeRO
+            needs its hooks); ``engine.module`` is the transformers model.
+        rollout_model: full-weight transformers module for rollouts, SAIS log-probs and checkpoints.
+        is_main_process: rank 0.
+        data_parallel: ``DataParallel`` when WORLD_SIZE > 1, else None.
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig) -> None:
+        if cfg.deepspeed.zero_stage not in (1, 2, 3):
+            raise ValueError(
+                f"train.deepspeed.zero_stage={cfg.deepspeed.zero_stage}: the deepspeed backend runs ZeRO "
+                "stage 1, 2 or 3 (for no sharding use train.backend=torch)"
+            )
+        device_type = next(model.parameters()).device.type
+        ensure_process_group(device_type)
+        import deepspeed
+
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        env = dist_env()
+        self.cfg = cfg
+        self.rank = env.rank
+        self.world_size = env.world_size
+        self.is_main_process = env.rank == 0
+        self.zero_stage = cfg.deepspeed.zero_stage
+        self.data_parallel: Optional[DataParallel] = (
+            DataParallel(env.rank, env.world_size) if env.world_size > 1 else None
+        )
+        # ZeRO-3 partitions the module's parameters in place: keep a full copy for rollouts (rank 0).
+        copy_for_rollout = copy.deepcopy(model) if self.zero_stage == 3 and self.is_main_process else None
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=tuple(cfg.betas),
+            weight_decay=cfg.weight_decay,
+        )
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=deepspeed_config(cfg)
+        )
+        self.model = self.engine
+        self.module: torch.nn.Module = self.engine.module
+        if copy_for_rollout is not None:
+            dtype = next(self.module.parameters()).dtype
+            self.rollout_model = copy_for_rollout.to(dtype=dtype).eval()
+            for p in self.rollout_model.parameters():
+                p.requires_grad_(False)
+        else:
+            self.rollout_model = self.module
+        self.module.eval()
+
+    # ------------------------------------------------------------------ training
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed averages gradients over ranks; the loss parts already carry the global token
+        # denominator, so scale by W to get their sum (module docstring).
+        self.engine.backward(loss * self.world_size if self.world_size > 1 else loss, scale_wrt_gas=False)
+
+    def step(self) -> float:
+        """Reduce, clip, AdamW step, zero gradients; return the pre-clip global grad norm."""
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients (an update refused after some backward passes)."""
+        opt = self.engine.optimizer
+        opt.zero_grad(set_to_none=True)
+        # ZeRO 1/2 keep reduced partition gradients between backward and step
+        avg = getattr(opt, "averaged_gradients", None)
+        if isinstance(avg, dict):
+            avg.clear()
+        if hasattr(opt, "all_grad_tensors") and isinstance(opt.all_grad_tensors, dict):
+            opt.all_grad_tensors.clear()
+        if hasattr(opt, "micro_step_id"):
+            from deepspeed.runtime.zero.stage_1_and_2 import INITIAL_MICRO_STEP_ID
+
+            opt.micro_step_id = INITIAL_MICRO_STEP_ID
+        self.engine.zero_grad()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: Path) -> None:
+        """All ranks: write this rank's ZeRO shard (and, on rank 0, the module) into ``dir/deepspeed``."""
+        directory = Path(directory)
+        if self.data_parallel is not None:
+            self.data_parallel.send("save", str(directory))
+        self.engine.save_checkpoint(str(directory / CHECKPOINT_SUBDIR), tag=CHECKPOINT_TAG, save_latest=False)
+        if self.data_parallel is not None:
+            self.data_parallel.barrier()  # every shard is on disk before rank 0 renames the folder
+
+    def load(self, directory: Path) -> None:
+        directory = Path(directory)
+        path = directory / CHECKPOINT_SUBDIR
+        if not (path / CHECKPOINT_TAG).is_dir():
+            raise FileNotFoundError(
+                f"checkpoint {directory} has no DeepSpeed state ({path / CHECKPOINT_TAG}); it was not written "
+                "by train.backend=deepspeed"
+            )
+        if self.data_parallel is not None:
+            self.data_parallel.send("load", str(directory))
+        load_path, _ = self.engine.load_checkpoint(
+            str(path), tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=False,
+            load_module_strict=True,
+        )
+        if load_path is None:
+            raise RuntimeError(f"DeepSpeed could not load its checkpoint from {path}")
+        if self.zero_stage == 3 and self.data_parallel is None:
+            self.state_dict_for_rollout()
+
+    # ------------------------------------------------------------------ weights out
+    def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
+        """Full model weights (ZeRO-3: gathered from every rank, all ranks take part)."""
+        if self.zero_stage != 3:
+            return {k: v.detach() for k, v in self.module.state_dict().items()}
+        from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+
+        if self.data_parallel is not None:
+            self.data_parallel.send("gather")
+        params = list(self.module.parameters())
+        with GatheredParameters(params, modifier_rank=None):
+            if not self.is_main_process:
+                return {}
+            full = {n: p.detach().clone() for n, p in self.module.named_parameters()}
+        keys = set(self.rollout_model.state_dict())
+        full.update({n: b.detach().clone() for n, b in self.module.named_buffers() if n in keys})
+        missing, unexpected = self.rollout_model.load_state_dict(full, strict=False)
+        shared = {n for n, _ in self.rollout_model.named_parameters(remove_duplicate=False)} - set(
+            n for n, _ in self.rollout_model.named_parameters()
+        )
+        bad = [k for k in missing if k not in shared]
+        if bad or unexpected:
+            raise RuntimeError(f"ZeRO-3 gather: missing {bad[:5]}, unexpected {list(unexpected)[:5]}")
+        return {k: v.detach() for k, v in self.rollout_model.state_dict().items()}
+
+    def close(self, **info: Any) -> None:
+        """Rank 0: release the worker ranks; ``info`` (run_id, steps, ...) is what their loop returns."""
+        if self.data_parallel is not None and self.data_parallel.is_driver:
+            self.data_parallel.send("stop", info)

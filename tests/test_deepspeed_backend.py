@@ -1,0 +1,253 @@
+"""DeepSpeed backend on CPU (gloo): 2-process data parallel == single-process torch, exact resume.
+
+The multi-process part runs this file as a script under ``torch.distributed.run`` (2 ranks): rank 0
+drives ``policy_update`` / ``save`` / ``load`` on a fixed set of released groups, rank 1 follows in
+``worker_loop`` — the same driver/worker split a ``ulorl-train`` run uses. The reference is the
+single-process ``TorchBackend`` on the same samples, in this pytest process.
+
+Tolerance (fp32): the DeepSpeed parameters after 3 optimizer steps equal the torch ones within
+``PARAM_ATOL`` = 2e-6 absolute. Sources of difference: float summation order (per-rank partial
+gradients summed by the all-reduce, sharded no-grad pass with other padding); AdamW normalises each
+gradient element, so an element whose gradient is ~1e-9 can move by up to a fraction of lr when its
+sign flips — the test uses lr = 1e-4 and reports the measured max |delta| in its failure message.
+Resume is exact: 3 straight steps == 1 step + save + load into a fresh engine + 2 steps, bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAM_ATOL = 2e-6
+STEPS = 3
+SAVE_AT = 1
+
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+def build_random_model(out: Path) -> Path:
+    """The embedded architecture with random weights (seeded), saved with its tokenizer."""
+    from ulorl.models.tiny import build_tiny_model
+    from ulorl.models.tokenizer import build_tokenizer
+
+    out.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, seed=0)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def experiment(model_dir: Path, **train: object):
+    from ulorl.config import config_from_dict
+
+    t = {"lr": 1e-4, "grad_clip": 1.0, "micro_batch_tokens": 96, "updates_per_step": 2, "threads": 1,
+         "backend": "deepspeed", "deepspeed": {"zero_stage": 2}}
+    t.update(train)
+    return config_from_dict({
+        "model": {"name_or_path": str(model_dir)},
+        "rollout": {"temperature": 0.85},
+        "algo": {"is_mode": "pois", "mpt": {"mode": "dynamic", "tau": 0.99, "sigma": 0.2}},
+        "train": t,
+    })
+
+
+def fixed_samples(vocab: int, seed: int = 0, groups: int = 5, group_size: int = 4):
+    """Released groups with mixed rewards and uneven lengths (so ranks get uneven micro-batch counts)."""
+    from ulorl.rollout.types import Sample, SampleStatus, SegmentSpan
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for gid in range(groups):
+        prompt = torch.randint(3, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
+        rewards = [1.0, 0.0] + [float(torch.randint(0, 2, (1,), generator=g)) for _ in range(group_size - 2)]
+        for k in range(group_size):
+            t = int(torch.randint(2, 30 + 10 * gid, (1,), generator=g))
+            resp = torch.randint(3, vocab, (t,), generator=g).tolist()
+            out.append(Sample(
+                sample_id=gid * group_size + k, group_id=gid, prompt_ids=prompt, response_ids=resp,
+                sampling_logprobs=[-1.0] * t, segments=[SegmentSpan(0, t, 0)],
+                status=SampleStatus.FINISHED, reward=rewards[k],
+            ))
+    return out
+
+
+def _vocab(model_dir: Path) -> int:
+    return int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+
+
+def _params(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().clone() for k, v in sd.items()}
+
+
+# ----------------------------------------------------------------------------- script mode (ranks)
+
+
+def _script(argv: list[str]) -> None:
+    from ulorl.models.loading import load_policy
+    from ulorl.train.deepspeed_backend import DeepSpeedBackend
+    from ulorl.train.distributed import worker_loop
+    from ulorl.train.update import policy_update
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--stage", type=int, default=2)
+    ap.add_argument("--bf16", action="store_true")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = experiment(a.model, bf16=a.bf16, deepspeed={"zero_stage": a.stage})
+    samples = fixed_samples(_vocab(a.model))
+    rank = int(os.environ["RANK"])
+    device = torch.device("cpu")
+    timing: dict[str, float] = {}
+
+    def new_backend() -> DeepSpeedBackend:
+        model, tok = load_policy(str(a.model))
+        t0 = time.perf_counter()
+        b = DeepSpeedBackend(model, cfg.train)
+        timing.setdefault("init_s", time.perf_counter() - t0)
+        return b, tok.pad_token_id
+
+    backend, pad = new_backend()
+    if rank != 0:
+        worker_loop(backend, cfg, pad, device)
+        backend2, _ = new_backend()
+        worker_loop(backend2, cfg, pad, device)
+        return
+    ckpt = a.out / "ckpt"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    metrics = []
+    step_s = []
+    for step in range(1, STEPS + 1):
+        t0 = time.perf_counter()
+        res = policy_update(copy.deepcopy(samples), backend, cfg.algo, cfg.train, 0.85, pad, device)
+        step_s.append(time.perf_counter() - t0)
+        assert res.updated, res.reason
+        metrics.append(res.metrics)
+        if step == SAVE_AT:
+            t0 = time.perf_counter()
+            backend.save(ckpt)
+            timing["save_s"] = time.perf_counter() - t0
+    torch.save(_params(backend.state_dict_for_rollout()), a.out / "straight.pt")
+    backend.close()
+    backend2, _ = new_backend()
+    t0 = time.perf_counter()
+    backend2.load(ckpt)
+    timing["load_s"] = time.perf_counter() - t0
+    for step in range(SAVE_AT + 1, STEPS + 1):
+        res = policy_update(copy.deepcopy(samples), backend2, cfg.algo, cfg.train, 0.85, pad, device)
+        assert res.updated, res.reason
+    torch.save(_params(backend2.state_dict_for_rollout()), a.out / "resumed.pt")
+    backend2.close()
+    timing["step_s"] = step_s
+    (a.out / "result.json").write_text(json.dumps({"metrics": metrics, "timing": timing}))
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_random_model(tmp_path_factory.mktemp("randmodel"))
+
+
+def torch_reference(model_dir: Path, **train: object) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    from ulorl.models.loading import load_policy
+    from ulorl.train.backend import TorchBackend
+    from ulorl.train.update import policy_update
+
+    cfg = experiment(model_dir, backend="torch", **train)
+    model, tok = load_policy(str(model_dir))
+    backend = TorchBackend(model, cfg.train)
+    samples = fixed_samples(_vocab(model_dir))
+    metrics = []
+    for _ in range(STEPS):
+        res = policy_update(copy.deepcopy(samples), backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id,
+                            torch.device("cpu"))
+        assert res.updated, res.reason
+        metrics.append(res.metrics)
+    return _params(model.state_dict()), metrics
+
+
+def run_ranks(model_dir: Path, out: Path, *extra: str, nproc: int = 2, timeout: int = 600) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(Path(__file__).resolve()), "--model", str(model_dir), "--out", str(out), *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    result = json.loads((out / "result.json").read_text())
+    result["timing"]["wall_s"] = wall
+    return result
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_two_rank_zero2_matches_torch_and_resumes_exactly(model_dir, tmp_path):
+    ref, ref_metrics = torch_reference(model_dir)
+    initial = _params(__import__("ulorl.models.loading", fromlist=["x"]).load_policy(str(model_dir))[0].state_dict())
+    result = run_ranks(model_dir, tmp_path)
+    straight = torch.load(tmp_path / "straight.pt")
+    resumed = torch.load(tmp_path / "resumed.pt")
+    moved = max_abs_diff(ref, initial)
+    diff = max_abs_diff(ref, straight)
+    print(f"timing {result['timing']}; max|param moved| {moved:.3e}; max|ds - torch| {diff:.3e}")
+    assert moved > 100 * PARAM_ATOL, "the updates did not move the parameters: the comparison would be vacuous"
+    assert diff <= PARAM_ATOL, f"max |ds - torch| = {diff:.3e} > {PARAM_ATOL}"
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), f"resume not exact at {k}"
+    for m_ds, m_t in zip(result["metrics"], ref_metrics):
+        assert m_ds["train/grad_norm"] == pytest.approx(m_t["train/grad_norm"], rel=1e-4)
+        assert m_ds["train/pg_loss"] == pytest.approx(m_t["train/pg_loss"], rel=1e-4, abs=1e-7)
+        for key in ("train/entropy", "train/masked_frac", "train/tokens", "train/updates"):
+            assert m_ds[key] == pytest.approx(m_t[key], rel=1e-5), key
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def test_shard_groups_keeps_groups_whole_and_balances_cost():
+    from ulorl.train.distributed import shard_groups
+
+    # groups: 0 -> rows 0,1 (cost 10+10), 1 -> rows 2,3 (cost 1+1), 2 -> rows 4,5 (cost 6+6)
+    shards = shard_groups([0, 0, 1, 1, 2, 2], [10, 10, 1, 1, 6, 6], 2)
+    assert shards == [[0, 1], [2, 3, 4, 5]]          # 20 vs 2 + 12
+    assert shard_groups([7, 7], [3, 3], 3) == [[0, 1], [], []]
+    assert shard_groups([1, 2, 1], [1, 1, 1], 1) == [[0, 1, 2]]
+
+
+def test_padded_micro_batches_give_every_rank_the_same_pass_count():
+    from ulorl.rollout.types import Sample, SegmentSpan
+    from ulorl.train.batch import build_train_batch
+    from ulorl.train.distributed import padded_micro_batches
+
+    lens = [2, 2, 8, 8]
+    samples = [Sample(sample_id=i, group_id=i // 2, prompt_ids=[1, 2], response_ids=[5] * t, reward=1.0,
+                      segments=[SegmentSpan(0, t, 0)]) for i, t in enumerate(lens)]
+    batch = build_train_batch(samples, 0)
+    shards = [[0, 1], [2, 3]]                 # sequence lengths 4, 4 | 10, 10
+    r0 = padded_micro_batches(batch, shards, 0, token_budget=10)
+    r1 = padded_micro_batches(batch, shards, 1, token_budget=10)
+    assert r1 == [([2], 1.0), ([3], 1.0)]     # 2 x 10 > 10: one row per pass
+    assert r0 == [([0, 1], 1.0), ([0], 0.0)]  # padded with a weight-0 pass over the shortest row
+    assert padded_micro_batches(batch, [[0, 1, 2, 3], []], 1, 100) == [([0], 0.0)]
+
+
+if __name__ == "__main__":
+    _script(sys.argv[1:])

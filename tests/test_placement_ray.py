@@ -1,0 +1,135 @@
+"""Ray placement: 2 DeepSpeed trainer workers + 1 rollout engine in one placement group (real Ray,
+real MLflow sqlite, fractional CPUs on one machine), and the pure layout / feasibility helpers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ulorl.config import config_from_dict, load_experiment
+from ulorl.scale.placement import (
+    PlacementError,
+    check_fits,
+    placement_bundles,
+    placement_params,
+    placement_strategy,
+    validate_layout,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ROOT / "experiments" / "quickstart.yaml"
+SMALL = [
+    "train.backend=deepspeed",
+    "rollout.prompts_per_step=2",
+    "rollout.group_size=4",
+    "rollout.max_response_len=32",
+    "rollout.segments=2",
+    "eval.every=0",
+    "algo.dynamic_sampling=false",
+    "train.max_steps=2",
+    "train.checkpoint_every=1",
+    "resources.trainer_workers=2",
+    "resources.rollout_engines=1",
+    "resources.cpus_per_trainer_worker=0.5",
+    "resources.cpus_per_engine=0.5",
+]
+
+
+def _cfg(**res: object):
+    return config_from_dict({"train": {"backend": "deepspeed"}, "resources": res})
+
+
+def test_bundles_and_strategy_follow_the_resources_section():
+    cfg = _cfg(trainer_workers=2, rollout_engines=1, cpus_per_trainer_worker=0.5, cpus_per_engine=0.25,
+               gpus_per_engine=1)
+    assert placement_bundles(cfg) == [{"CPU": 0.5}, {"CPU": 0.5}, {"CPU": 0.25, "GPU": 1.0}]
+    assert placement_strategy(cfg) == "STRICT_PACK"
+    assert placement_strategy(_cfg(nodes=2)) == "PACK"
+
+
+def test_check_fits_names_the_missing_resource():
+    bundles = [{"CPU": 0.5}, {"CPU": 0.5, "GPU": 1.0}]
+    assert check_fits(bundles, "PACK", {"CPU": 2.0, "GPU": 1.0}, [{"CPU": 2.0, "GPU": 1.0}]) is None
+    why = check_fits(bundles, "PACK", {"CPU": 2.0}, [{"CPU": 2.0}])
+    assert why and "1 GPU" in why and "has 0" in why
+    # 2 nodes of 1 CPU: enough in total, but STRICT_PACK needs one node with 1.5
+    why = check_fits([{"CPU": 1.0}, {"CPU": 0.5}], "STRICT_PACK", {"CPU": 2.0}, [{"CPU": 1.0}, {"CPU": 1.0}])
+    assert why and "largest node has 1" in why
+
+
+def test_several_trainer_workers_need_deepspeed():
+    cfg = config_from_dict({"resources": {"trainer_workers": 2}})
+    with pytest.raises(PlacementError, match="train.backend=deepspeed"):
+        validate_layout(cfg)
+
+
+def test_placement_params_list_bundles_and_node_ips():
+    cfg = _cfg(trainer_workers=2, rollout_engines=1, cpus_per_trainer_worker=0.5, cpus_per_engine=0.5)
+    info = [{"node_ip": "127.0.0.1", "node_id": "a"}, {"node_ip": "127.0.0.1", "node_id": "a"}]
+    p = placement_params(cfg, "local", "STRICT_PACK", placement_bundles(cfg), info,
+                         [{"node_ip": "10.0.0.2", "node_id": "b"}], {"CPU": 2.0})
+    assert p["placement.trainer.1.node_ip"] == "127.0.0.1"
+    assert p["placement.engine.0.node_ip"] == "10.0.0.2"
+    assert p["placement.nodes_used"] == "2"
+    assert json.loads(p["placement.bundles"]) == [{"CPU": 0.5}] * 3
+    assert p["placement.cluster_gpus"] == "0"
+
+
+@pytest.fixture(scope="module")
+def model_arg(tmp_path_factory) -> str:
+    from ulorl.models.loading import embedded_model_dir
+
+    if (embedded_model_dir() / "config.json").is_file():
+        return "model.name_or_path=embedded"
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_deepspeed_backend import build_random_model
+
+    return f"model.name_or_path={build_random_model(tmp_path_factory.mktemp('randmodel'))}"
+
+
+def test_placement_run_two_trainer_workers_one_engine(tmp_path, model_arg):
+    """The acceptance run: it completes on one machine and its placement is in the run's params."""
+    from mlflow.tracking import MlflowClient
+
+    from ulorl.scale.placement import run_placement
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = load_experiment(QUICK, SMALL + [model_arg, f"tracking.uri={uri}"])
+    seen: list[int] = []
+    t0 = time.perf_counter()
+    res = run_placement(cfg, run_dir=tmp_path / "run", step_callback=lambda step, m, ck: seen.append(step))
+    print(f"placement run: {time.perf_counter() - t0:.1f}s")
+    assert res.steps == 2 and not res.interrupted
+    assert seen == [1, 2], "step metrics must reach the caller's callback (Tune reports them)"
+    client = MlflowClient(uri)
+    run = client.get_run(res.run_id)
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["placement.trainer_workers"] == "2"
+    assert params["placement.rollout_engines"] == "1"
+    assert params["placement.strategy"] == "STRICT_PACK"
+    assert json.loads(params["placement.bundles"]) == [{"CPU": 0.5}, {"CPU": 0.5}, {"CPU": 0.5}]
+    assert json.loads(params["placement.trainer.1.resources"]) == {"CPU": 0.5}
+    assert json.loads(params["placement.engine.0.resources"]) == {"CPU": 0.5}
+    assert params["placement.trainer.0.node_ip"] == "127.0.0.1"  # a local Ray stays on loopback
+    assert params["placement.nodes_used"] == "1"
+    assert float(params["placement.cluster_cpus"]) >= 1.5
+    assert params["train.backend"] == "deepspeed" and params["train.threads"] == "1"
+    assert sorted(m.step for m in client.get_metric_history(res.run_id, "time/step_s")) == [1, 2]
+    # only worker 0 tracks: one run in the store
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1
+
+
+@pytest.mark.slow
+def test_cli_ray_refuses_a_gpu_placement_on_a_cpu_machine(tmp_path, model_arg):
+    cmd = [sys.executable, "-m", "ulorl.cli.train", str(QUICK), *SMALL, model_arg,
+           "resources.gpus_per_trainer_worker=1", f"tracking.uri=sqlite:///{tmp_path}/m.db", "--ray"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "needs 2 GPU in total but the Ray cluster has 0" in out.stderr

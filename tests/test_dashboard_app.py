@@ -64,7 +64,7 @@ def written(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real(tmp_path_factory):
-    return cached_store(tmp_path_factory, "real", lambda r: build_real_store(r, ("model.name_or_path=/tmp/tiny_random",)))  # TEMP
+    return cached_store(tmp_path_factory, "real", lambda r: build_real_store(r, ("model.name_or_path=/tmp/ws_model",)))  # TEMP
 
 
 # ----------------------------------------------------------------------------- empty stores
@@ -212,6 +212,17 @@ def test_sweep_page_importance_and_history(monkeypatch, written):
     assert at.selectbox(key="sweep_objective_segments").value == "metrics.eval/heldout/avg_at_k"
 
 
+def test_detail_page_follows_run_query_param(monkeypatch, written):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", written["uri"])
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+    at.query_params["run"] = written["mpt_off"]
+    go(at, "detail")
+    assert_clean(at, "detail")
+    assert at.selectbox(key="detail_run").value == written["mpt_off"]
+    at.selectbox(key="detail_run").set_value(written["eval_base"]).run()
+    assert at.query_params["run"] == written["eval_base"]
+
+
 def test_detail_page_renders_samples_and_checkpoints(monkeypatch, written):
     at = open_app(monkeypatch, written["uri"], "detail")
     at.selectbox(key="detail_run").set_value(written["mpt_dynamic"]).run()
@@ -223,6 +234,14 @@ def test_detail_page_renders_samples_and_checkpoints(monkeypatch, written):
     assert params["algo.mpt.mode"] == "dynamic"
     at.radio(key="detail_reward").set_value("reward 0").run()
     assert "".join(h.proto.body for h in at.get("html")).count('class="ulorl-tok"') == 2
+
+
+def test_sidebar_switches_store(monkeypatch, written, tmp_path):
+    at = open_app(monkeypatch, f"sqlite:///{tmp_path / 'none.db'}")
+    assert not at.dataframe and at.info
+    at.text_input(key="_uri_input").input(written["uri"]).run()
+    assert_clean(at, "runs")
+    assert len(at.dataframe[0].value) == 10
 
 
 # ----------------------------------------------------------------------------- real runs
@@ -258,3 +277,4 @@ def test_real_runs_filters_and_samples(monkeypatch, real):
     assert not at.exception and charts(at)
     data = frame(at, "run_id", "raw", "value")
     assert isinstance(data, pd.DataFrame) and set(data["run_id"]) == {real["train_dynamic"], real["train_off"]}
+

@@ -70,6 +70,7 @@ def torchrun_train(tmp_path: Path, model_arg: str, run_dir: Path, *extra: str, t
     return out
 
 
+@pytest.mark.slow  # ~40-65 s; the default suite covers the same driver/worker path in test_placement_ray.py
 def test_two_ranks_train_log_once_and_checkpoint_both_shards(tmp_path, model_arg):
     run_dir = tmp_path / "run"
     out = torchrun_train(tmp_path, model_arg, run_dir, "train.max_steps=2")

@@ -124,6 +124,14 @@ def test_placement_run_two_trainer_workers_one_engine(tmp_path, model_arg):
     # only worker 0 tracks: one run in the store
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs) == 1
+    # the trainer checkpoint holds both ranks' ZeRO shards beside model/ and the pools
+    from ulorl.train.checkpoint import latest_checkpoint, read_trainer_state
+
+    ckpt = latest_checkpoint(tmp_path / "run")
+    assert read_trainer_state(ckpt)["step"] == 2
+    shards = sorted(p.name for p in (ckpt / "deepspeed" / "state").glob("*optim_states.pt"))
+    assert shards == ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    assert (ckpt / "model" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow

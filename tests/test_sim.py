@@ -17,12 +17,9 @@ from ulorl.report.simulator import (
     evaluate,
     fit_cost_curve,
     load_lengths,
-    run_paper,
-    run_plan,
-    run_validate,
     simulate,
-    synthetic_bench,
 )
+from ulorl.report.sim_studies import run_paper, run_plan, run_validate, synthetic_bench
 
 TRUTH = CostModel(a=8.0, b=0.05, c=2e-4, p=0.01, o=40.0)
 
@@ -34,12 +31,17 @@ def test_features_of_a_hand_worked_steady_state():
     st = simulate(RolloutSetup(8, 2, 1, 2, "static", prompt_len=2), dist, steps=5)
     # iterations 4; row-slots 3*4; padded context 6: 3*4*6 + 3*(0+1+2+3); prefill 3 rows x 6;
     # the group (3, 7) is released when its long member ends: (3+2) + (7+2) tokens trained.
-    assert st.features.tolist() == [[4, 12, 90, 18, 14, 1]] * 5
+    assert st.features.tolist() == [[4, 12, 90, 18, 14, 1, 0]] * 5
     assert st.completed.tolist() == [2] * 5 and st.batch_rows.tolist() == [3] * 5
     cp = simulate(RolloutSetup(8, 2, 1, 2, "compact", prompt_len=2), dist, steps=2)
-    assert cp.features[0].tolist() == [4, 10, 6 * 10 + (3 + 3 + 6), 18, 14, 1]
+    assert cp.features[0].tolist() == [4, 10, 6 * 10 + (3 + 3 + 6), 18, 14, 1, 0]
     row = simulate(RolloutSetup(8, 2, 1, 2, "compact", prompt_len=2, context="row"), dist, steps=2)
-    assert row.features[0].tolist() == [4, 10, (3 * 6 + 3 * 2 + 4 * 2) + 12, 6 + 2 + 2, 14, 1]
+    assert row.features[0].tolist() == [4, 10, (3 * 6 + 3 * 2 + 4 * 2) + 12, 6 + 2 + 2, 14, 1, 0]
+    # bucketed contexts: the carried row (context 6) and the new rows (2) get separate buckets when
+    # the planner finds it cheaper; a static batch computes every bucket at every iteration
+    bk = simulate(RolloutSetup(8, 2, 1, 2, "static", prompt_len=2, context="bucket", bucket_overhead=0.0),
+                  dist, steps=2)
+    assert bk.features[0].tolist() == [4, 12, 4 * (6 + 2 + 2) + 3 * 6, 6 + 2 + 2, 14, 1, 4]
     res = evaluate(st, CostModel(a=1000.0))               # 1 s per iteration, nothing else
     assert res.step_time_s == 4.0 and res.finished_per_s == 0.5
     assert res.decode_utilization == pytest.approx(10 / 12) and res.iters_per_finished == 2.0
@@ -74,7 +76,7 @@ def test_validate_recovers_parameters_of_its_own_synthetic_bench(traits):
                                   groups=tuple(tuple(g) for g in np.minimum(groups, 512).tolist()))
     bench = synthetic_bench(TRUTH, truth_dist, max_len=512, prompts_per_step=16, group_size=8, prompt_len=40,
                             steps=120, seed=3, **traits)
-    out = run_validate(json.loads(json.dumps(bench)), steps=120, seed=3)
+    out = run_validate(json.loads(json.dumps(bench)), steps=120, seed=3, free=("scale", "overhead"))
     f = out["cost_curve_fit"]
     assert (f["a_ms"], f["b_ms"], f["c_ms"]) == pytest.approx((8.0, 0.05, 2e-4), rel=1e-9)
     assert out["s1_fit"]["prefill_ms_per_token"] == pytest.approx(0.01, rel=1e-9)
@@ -222,3 +224,21 @@ def test_plan_buckets_matches_the_hf_engine():
         dec = int(rng.integers(1, 300))
         assert plan_buckets(lens, dec) == hf.plan_buckets(lens, dec)
     assert plan_buckets([10] * 5 + [300] * 5, 32) == [(0, 5), (5, 10)]
+
+
+def test_validate_fits_the_per_bucket_cost_of_a_bucketed_engine():
+    rng = np.random.default_rng(7)
+    groups = LogNormalLengths(4.0, 0.8, rho=0.5).sample(rng, 300, 8)
+    dist = EmpiricalLengths(tuple(groups.reshape(-1).tolist()),
+                            tuple(tuple(g) for g in np.minimum(groups, 256).tolist()))
+    truth = CostModel(a=2.0, b=0.04, c=4e-4, p=0.2, bk=1.5)
+    bench = synthetic_bench(truth, dist, max_len=256, prompts_per_step=16, group_size=8, prompt_len=18,
+                            context="bucket", share_prompt_prefill=True, compact_min_frac=0.125,
+                            prompt_lens=[9, 12, 18, 18, 25, 60], steps=80, seed=2)
+    out = run_validate(bench, steps=80, seed=2)           # default free terms: scale + bucket
+    fit = out["s1_fit"]
+    assert fit["free"] == ["scale", "bucket"]
+    assert fit["prefill_ms_per_token"] == pytest.approx(0.2, rel=1e-9)
+    assert fit["decode_scale"] == pytest.approx(1.0, rel=1e-6)
+    assert fit["bucket_iter_ms"] == pytest.approx(1.5, rel=1e-6)
+    assert out["passed"] and out["max_abs_rel_err"] < 1e-6

@@ -1,4 +1,4 @@
-"""``ulorl-sim`` — what does segment count S buy? (rollout cost simulator, ``ulorl.report.simulator``)
+"""``ulorl-sim`` — what does segment count S buy? (``ulorl.report.simulator`` / ``sim_studies``)
 
     ulorl-sim validate BENCH.json          fit on a bench's cost curve + S=1 rows, predict the rest
     ulorl-sim paper                        the paper's Table 1 setting (64k, 128 x 8, flat GPU cost)
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ulorl.report import sim_studies as studies
 from ulorl.report import simulator as sim
 
 
@@ -107,9 +108,12 @@ def _print_validate(out: dict[str, Any]) -> None:
     print("ulorl-sim validate: fit on the cost curve and the S=1 rows only, predict the others")
     print(f"cost curve fit ({f['points']} points): ms/iter = {f['a_ms']:.4g} + {f['b_ms']:.4g}*rows + "
           f"{f['c_ms']:.4g}*rows*context   (max |rel err| {100 * f['max_rel_err']:.1f}%)")
-    src = "prefill curve" if s1.get("prefill_from") == "prefill_curve" else "S=1 prefill share"
-    print(f"S=1 fit: decode scale {s1['decode_scale']:.3f}, prefill {s1['prefill_ms_per_token']:.4g} ms/token "
-          f"(from the {src}), overhead {s1['overhead_ms']:.1f} ms/step")
+    src = "prefill curve" if s1.get("prefill_from") == "prefill_curve" else "in-run S=1 prefill share"
+    curve_p = s1.get("prefill_curve_ms_per_token")
+    print(f"S=1 fit ({'+'.join(s1['free'])}): decode scale {s1['decode_scale']:.3f}, overhead "
+          f"{s1['overhead_ms']:.1f} ms/step, extra bucket {s1['bucket_iter_ms']:.3f} ms/iteration; prefill "
+          f"{s1['prefill_ms_per_token']:.4g} ms/token (from the {src}"
+          + ("" if curve_p is None else f"; the prefill curve says {curve_p:.4g}") + ")")
     print(f"engine model: {json.dumps(out['engine_traits'])}")
     L = out["lengths"]
     print(f"lengths: {L['n']} observed ({L['groups'] or 'no'} groups), mean {L['mean']:.1f}, median {L['p50']:.0f}, "
@@ -122,10 +126,12 @@ def _print_validate(out: dict[str, Any]) -> None:
                      tag or _pct(r["step_time_s"]["rel_err"]),
                      _fmt(r["finished_per_s"]["predicted"], 2), _fmt(r["finished_per_s"]["measured"], 2),
                      tag or _pct(r["finished_per_s"]["rel_err"]),
+                     "" if tag or r["finished_per_s"].get("err_in_se") is None
+                     else f"{r['finished_per_s']['err_in_se']:+.1f}",
                      _fmt(r["ratio_vs_s1"]["predicted"], 2), _fmt(r["ratio_vs_s1"]["measured"], 2),
                      _fmt(r["decode_utilization"]["predicted"], 2), _fmt(r["decode_utilization"]["measured"], 2),
                      _fmt(r["iters_per_finished"]["predicted"], 2), _fmt(r["iters_per_finished"]["measured"], 2)])
-    print(_table(["S", "regime", "step s pred", "meas", "err", "fin/s pred", "meas", "err",
+    print(_table(["S", "regime", "step s pred", "meas", "err", "fin/s pred", "meas", "err", "err/se",
                   "ratio pred", "meas", "util pred", "meas", "it/fin pred", "meas"], rows))
     print("hardware-independent (scheduling model only):")
     rows2 = []
@@ -136,8 +142,11 @@ def _print_validate(out: dict[str, Any]) -> None:
     print(_table(["S", "regime", "rows pred/meas", "unfinished pred/meas", "prefill tok/fin pred/meas",
                   "iters/fin pred/meas"], rows2))
     verdict = "PASS" if out["passed"] else "FAIL"
-    print(f"max |error| over predicted rows (step time, finished/s): {_pct(out['max_abs_rel_err'])} "
-          f"-> {verdict} (tolerance {100 * out['tolerance']:.0f}%)")
+    print(f"max |error| over predicted rows (median step time, finished/s): {_pct(out['max_abs_rel_err'])} "
+          f"-> {verdict} (tolerance {100 * out['tolerance']:.0f}%); finished/s alone: "
+          f"{_pct(out['max_abs_rel_err_finished_per_s'])}"
+          + ("" if out.get("max_abs_err_in_se") is None else
+             f", at most {out['max_abs_err_in_se']:.1f} standard errors of the measurement"))
 
 
 def _print_paper(out: dict[str, Any]) -> None:
@@ -183,7 +192,8 @@ def _print_plan(out: dict[str, Any]) -> None:
     print(f"ulorl-sim plan: max {st['max_len']} tokens, {st['prompts_per_step']} prompts x {st['group_size']}, "
           f"prompt {st['prompt_len']} tokens, context {st['context']}")
     print(f"cost: {c['a']:.4g} + {c['b']:.4g}*rows + {c['c']:.4g}*rows*context ms/iteration; prefill {c['p']:.4g} "
-          f"ms/token; train {c['t']:.4g} ms/token; overhead {c['o']:.4g} ms/step")
+          f"ms/token; train {c['t']:.4g} ms/token; overhead {c['o']:.4g} ms/step; extra bucket {c['bk']:.4g} "
+          "ms/iteration")
     print(f"lengths: {json.dumps(out['lengths'])}")
     rows = []
     for r in out["results"]:
@@ -225,7 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override the attention-context model (default: from the bench's engine: hf fast "
                         "path = bucket, hf fallback = padded, vllm = row)")
     v.add_argument("--tolerance", type=float, default=0.15)
-    v.add_argument("--no-scale", action="store_true", help="do not fit a decode scale on S=1 (overhead only)")
+    v.add_argument("--free", default=None,
+                   help="terms fitted on the S=1 rows (after the cost curve): any two of scale (factor on the "
+                        "curve), overhead (ms/step), bucket (ms per extra context bucket per iteration); "
+                        "default scale,bucket for a bucketed engine, else scale,overhead")
+    v.add_argument("--prefill-from", choices=["s1", "curve"], default="s1",
+                   help="prefill ms/token from the in-run S=1 prefill share (default) or the bench's prefill curve")
     v.add_argument("--strict", action="store_true", help="exit 1 when the check fails")
     common(v, 400)
 
@@ -251,6 +266,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--prefill-ms-per-token", type=float, default=0.0)
     c.add_argument("--train-ms-per-token", type=float, default=0.0)
     c.add_argument("--overhead-ms", type=float, default=0.0, help="fixed cost per step")
+    c.add_argument("--bucket-ms", type=float, default=0.0,
+                   help="cost of each extra context bucket per decode iteration (with --context bucket)")
     pl.add_argument("--prompts", type=int, default=128, help="new prompts per step (default 128)")
     pl.add_argument("--group", type=int, default=8, help="responses per prompt G (default 8)")
     pl.add_argument("--prompt-len", type=int, default=0)
@@ -272,8 +289,10 @@ def _cmd_validate(args: argparse.Namespace) -> dict[str, Any]:
     if not isinstance(bench, dict):
         raise UsageError(f"{args.bench}: expected a JSON object (ulorl-bench rollout --json output)")
     try:
-        return sim.run_validate(bench, context=args.context, steps=args.steps, seed=args.seed,
-                                tolerance=args.tolerance, fit_scale=not args.no_scale, progress=_progress)
+        free = None if args.free is None else [f.strip() for f in args.free.split(",") if f.strip()]
+        return studies.run_validate(bench, context=args.context, steps=args.steps, seed=args.seed,
+                                tolerance=args.tolerance, free=free, prefill_from=args.prefill_from,
+                                progress=_progress)
     except ValueError as exc:
         raise UsageError(f"{args.bench}: {exc}") from None
 
@@ -285,8 +304,8 @@ def _cmd_paper(args: argparse.Namespace) -> dict[str, Any]:
     else:
         if not 0 < args.within_half < 1:
             raise UsageError(f"--within-half must be in (0, 1), got {args.within_half}")
-        dist = sim.paper_lengths(args.within_half, args.sigma, args.rho)
-    return sim.run_paper(dist, segments=_ints(args.segments, "--segments"), prompt_len=args.prompt_len,
+        dist = studies.paper_lengths(args.within_half, args.sigma, args.rho)
+    return studies.run_paper(dist, segments=_ints(args.segments, "--segments"), prompt_len=args.prompt_len,
                          steps=args.steps, seed=args.seed, progress=_progress)
 
 
@@ -307,14 +326,14 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError as exc:
             raise UsageError(f"{args.cost_curve}: {exc}") from None
     cost = sim.CostModel(decode.a, decode.b, decode.c, args.prefill_ms_per_token, args.train_ms_per_token,
-                         args.overhead_ms)
+                         args.overhead_ms, args.bucket_ms)
     if args.segments:
         segs = _ints(args.segments, "--segments")
     else:
         segs = [s for s in (1, 2, 4, 8, 16) if s <= args.max_len]
     regimes = ["static", "compact"] if args.regime == "both" else [args.regime]
     try:
-        return sim.run_plan(dist, cost, max_len=args.max_len, prompts_per_step=args.prompts, group_size=args.group,
+        return studies.run_plan(dist, cost, max_len=args.max_len, prompts_per_step=args.prompts, group_size=args.group,
                             segments=segs, regimes=regimes, prompt_len=args.prompt_len, context=args.context,
                             steps=args.steps, seed=args.seed, near=args.near,
                             share_prompt_prefill=args.share_prompt_prefill, compact_min_frac=args.compact_min_frac,

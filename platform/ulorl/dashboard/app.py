@@ -11,7 +11,7 @@ import os
 import streamlit as st
 
 from ulorl.dashboard import PAGES_DIR, cache, ui
-from ulorl.tracking import resolve_tracking_uri
+from ulorl.tracking import absolutize_uri, resolve_tracking_uri
 
 # (file under pages/, title, url path, icon)
 PAGES: tuple[tuple[str, str, str, str], ...] = (
@@ -31,7 +31,7 @@ def _sidebar() -> None:
             st.session_state["_uri_input"] = resolve_tracking_uri()
         uri = st.text_input("Tracking URI", key="_uri_input",
                             help="Defaults to $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db")
-        st.session_state[ui.URI_KEY] = uri.strip() or resolve_tracking_uri()
+        st.session_state[ui.URI_KEY] = absolutize_uri(uri.strip()) if uri.strip() else resolve_tracking_uri()
         if st.button("Refresh data", key="_refresh", help=f"Queries are cached for {cache.QUERY_TTL_S} s"):
             cache.clear()
         n = len(ui.selection())

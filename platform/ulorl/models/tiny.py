@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+if TYPE_CHECKING:  # heavy imports stay inside the functions (the spec is read by cache lookups)
+    import torch
+    from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,8 @@ def padded_vocab_size(n_tokens: int, multiple: int = DEFAULT_TINY.vocab_multiple
 
 def tiny_config(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TINY) -> Qwen3Config:
     """Qwen3Config for the embedded model, with the tokenizer's eos/pad ids."""
+    from transformers import Qwen3Config
+
     vocab = padded_vocab_size(len(tokenizer), spec.vocab_multiple)
     if vocab > 512:
         raise ValueError(f"embedded vocabulary must be <= 512, got {vocab}")
@@ -60,7 +64,10 @@ def tiny_config(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TIN
 
 
 def build_tiny_model(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TINY, seed: int = 0) -> Qwen3ForCausalLM:
-    """Randomly initialised embedded model (deterministic given ``seed``), float32, eval mode off."""
+    """Randomly initialised embedded model (deterministic given ``seed``), float32."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+
     cfg = tiny_config(tokenizer, spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

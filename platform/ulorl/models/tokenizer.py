@@ -12,8 +12,10 @@ decodes back exactly.
 
 from __future__ import annotations
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -36,6 +38,9 @@ def build_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, padding_side: str = "l
 
     ``vocab_size`` counts the 256 byte symbols, the special tokens and the merges (<= 512).
     """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
     if not 258 <= vocab_size <= 512:
         raise ValueError(f"vocab_size must be in [258, 512], got {vocab_size}")
     tok = Tokenizer(models.BPE(unk_token=None))

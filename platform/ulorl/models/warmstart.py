@@ -29,14 +29,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 from ulorl.data.task import DEFAULT_SPEC, TaskSpec, is_correct, iter_split, make_split, reference_solution
 from ulorl.data.types import PromptItem
 from ulorl.models.tiny import DEFAULT_TINY, TinySpec, build_tiny_model, count_parameters
 from ulorl.models.tokenizer import CORPUS_SEED, CORPUS_SIZE, DEFAULT_VOCAB_SIZE, build_tokenizer
+
+if TYPE_CHECKING:  # torch is imported inside the functions: reusing a cached build stays fast
+    import torch
 
 CODE_VERSION = 2  # bump when the training code changes the weights it produces
 MANIFEST = "warmstart.json"
@@ -115,6 +116,8 @@ class Batch:
 def pad_batch(examples: Sequence[tuple[list[int], list[int]]], pad_id: int) -> Batch:
     """Right-pad examples to the longest one. Under a causal mask a right pad never influences
     the real tokens before it, so no attention mask is needed (the fast causal kernel runs)."""
+    import torch
+
     T = max(len(e[0]) for e in examples)
     ids = torch.full((len(examples), T), pad_id, dtype=torch.long)
     lm = torch.zeros((len(examples), T), dtype=torch.float32)
@@ -168,6 +171,8 @@ def batch_stream(tok, cfg: WarmStartConfig, pool_batches: int = 8) -> Iterator[B
 
 def batch_loss(model, batch: Batch) -> torch.Tensor:
     """Mean next-token cross-entropy over response tokens of a batch (scalar)."""
+    import torch
+
     logits = model(input_ids=batch.ids).logits
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     nll = -logp.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
@@ -178,7 +183,6 @@ def batch_loss(model, batch: Batch) -> torch.Tensor:
 # ----------------------------------------------------------------------------- sampling
 
 
-@torch.no_grad()
 def generate_responses(
     model,
     tok,
@@ -197,6 +201,8 @@ def generate_responses(
     ``max_new_tokens`` may be one value per prompt (a batch uses its largest). A response that
     stops without EOS is returned with ``hit_eos=False`` (truncated).
     """
+    import torch
+
     n = len(prompts)
     caps = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
     was_training = model.training
@@ -297,6 +303,8 @@ class _Reporter:
 
 def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) -> dict:
     """Run the warm start and save model + tokenizer + manifest into ``out_dir``; returns the manifest."""
+    import torch
+
     threads = cfg.threads or min(2, os.cpu_count() or 1)
     torch.set_num_threads(threads)
     t0 = time.time()
@@ -394,6 +402,7 @@ def ensure_warmstart(
             for f in d.iterdir():
                 if f.is_file():
                     shutil.copy2(f, out / f.name)
+                    os.chmod(out / f.name, 0o644)  # save_pretrained writes 0600 safetensors
         return out, manifest, reused
     return d, manifest, reused
 

@@ -25,7 +25,8 @@ linear: ``fit_cost_curve`` (a, b, c from measured iteration costs, non-negative 
 ``fit_s1`` (prefill cost, overhead and a decode scale from S = 1 measurements only) and
 ``fit_two_points`` (the paper's flat-cost GPU regime from its S = 1 and S = 2 step times).
 
-Everything here is numpy and pure (no I/O except ``load_lengths``).
+Everything here is numpy and pure (no I/O except ``load_lengths``). The studies built on it
+(``ulorl-sim validate / paper / plan``) are in ``ulorl.report.sim_studies``.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ __all__ = [
     "evaluate",
     "fit_cost_curve",
     "fit_s1",
+    "S1_FREE",
     "fit_prefill_curve",
     "fit_two_points",
     "load_lengths",
@@ -61,16 +63,11 @@ __all__ = [
     "effective_context",
     "plan_buckets",
     "add_ratios",
-    "paper_lengths",
-    "run_validate",
-    "run_paper",
-    "run_plan",
-    "synthetic_bench",
 ]
 
 Regime = Literal["static", "compact"]
 ContextMode = Literal["padded", "row", "bucket"]
-FEATURES = ("iters", "row_slots", "row_context", "prefill_tokens", "train_tokens", "one")
+FEATURES = ("iters", "row_slots", "row_context", "prefill_tokens", "train_tokens", "one", "extra_bucket_iters")
 
 
 # ----------------------------------------------------------------------------- cost model
@@ -79,7 +76,9 @@ FEATURES = ("iters", "row_slots", "row_context", "prefill_tokens", "train_tokens
 @dataclass(frozen=True)
 class CostModel:
     """Milliseconds: per decode iteration ``a``, per row per iteration ``b``, per row per context
-    token per iteration ``c``; per prefilled token ``p``; per trained token ``t``; per step ``o``."""
+    token per iteration ``c``; per prefilled token ``p``; per trained token ``t``; per step ``o``;
+    per extra context bucket per iteration ``bk`` (bucketed engines run one attention call per
+    bucket and layer; a one-bucket cost curve cannot see it)."""
 
     a: float = 0.0
     b: float = 0.0
@@ -87,9 +86,10 @@ class CostModel:
     p: float = 0.0
     t: float = 0.0
     o: float = 0.0
+    bk: float = 0.0
 
     def vector(self) -> np.ndarray:
-        return np.array([self.a, self.b, self.c, self.p, self.t, self.o], dtype=float)
+        return np.array([self.a, self.b, self.c, self.p, self.t, self.o, self.bk], dtype=float)
 
     def iter_ms(self, rows: float, context: float) -> float:
         """Cost of one decode iteration with ``rows`` active rows of ``context`` tokens each."""
@@ -97,6 +97,10 @@ class CostModel:
 
     def scaled_decode(self, k: float) -> "CostModel":
         return replace(self, a=self.a * k, b=self.b * k, c=self.c * k)
+
+    def decode_vector(self) -> np.ndarray:
+        """Coefficients of the decode features (``iters, row_slots, row_context, extra_bucket_iters``)."""
+        return np.array([self.a, self.b, self.c, 0.0, 0.0, 0.0, self.bk])
 
     @classmethod
     def flat(cls, ms_per_iter: float, **kw: float) -> "CostModel":
@@ -312,6 +316,7 @@ class RolloutSetup:
     batch's longest prompt+prefix: one left-padded cache), ``row`` (its own: paged / ragged
     attention, vLLM), ``bucket`` (its context bucket's longest, buckets planned as the hf engine's
     ``plan_buckets`` with ``max_buckets`` / ``bucket_overhead``).
+    ``prompt_lens``: observed prompt lengths to draw from (else every prompt has ``prompt_len``).
     ``share_prompt_prefill``: the G new samples of a prompt share one prefill (hf engine, vLLM
     prefix cache). ``compact_min_frac``: in the compact regime, finished rows are dropped only
     once at least this fraction of the batch is done (0 = at once; the hf engine uses 0.125).
@@ -324,6 +329,7 @@ class RolloutSetup:
     regime: Regime = "static"
     prompt_len: int = 0
     context: ContextMode = "padded"
+    prompt_lens: Optional[tuple[int, ...]] = None   # if set, each prompt's length is drawn from these
     min_ready_groups: int = 1
     max_unfinished: Optional[int] = None
     share_prompt_prefill: bool = False
@@ -385,20 +391,24 @@ def plan_buckets(ctx_lens: Sequence[int], decode_len: int, max_buckets: int = 4,
     return out[::-1]
 
 
-def effective_context(ctx0: np.ndarray, setup: RolloutSetup, decode_len: int) -> np.ndarray:
-    """Per-row context base ``e_i`` (tokens attended at the row's first decode iteration)."""
+def effective_context(ctx0: np.ndarray, setup: RolloutSetup, decode_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row context base ``e_i`` (tokens attended at the row's first decode iteration) and
+    per-row bucket index (all 0 unless ``context == "bucket"``)."""
+    zeros = np.zeros(ctx0.shape, dtype=np.int64)
     if setup.context == "padded":
-        return np.full(ctx0.shape, ctx0.max(), dtype=np.int64)
+        return np.full(ctx0.shape, ctx0.max(), dtype=np.int64), zeros
     if setup.context == "row":
-        return ctx0.astype(np.int64)
+        return ctx0.astype(np.int64), zeros
     order = np.argsort(ctx0, kind="stable")
     srt = ctx0[order]
     out = np.empty_like(srt)
-    for a, b in plan_buckets(srt.tolist(), decode_len, setup.max_buckets, setup.bucket_overhead):
+    lab = np.empty_like(srt)
+    for bi, (a, b) in enumerate(plan_buckets(srt.tolist(), decode_len, setup.max_buckets, setup.bucket_overhead)):
         out[a:b] = srt[b - 1]
-    res = np.empty_like(out)
-    res[order] = out
-    return res
+        lab[a:b] = bi
+    res, labels = np.empty_like(out), np.empty_like(lab)
+    res[order], labels[order] = out, lab
+    return res, labels
 
 
 def decode_features(n: np.ndarray, e: np.ndarray, regime: str, compact_min_frac: float = 0.0
@@ -437,10 +447,10 @@ def decode_features(n: np.ndarray, e: np.ndarray, regime: str, compact_min_frac:
 
 @dataclass
 class SimTrace:
-    """Per measured step: cost features ``[steps, 6]`` (``FEATURES``) and outcome counts."""
+    """Per measured step: cost features ``[steps, 7]`` (``FEATURES``) and outcome counts."""
 
     setup: RolloutSetup
-    features: np.ndarray          # [steps, 6]
+    features: np.ndarray          # [steps, 7]
     completed: np.ndarray         # [steps] samples done (EOS or truncated) this step
     truncated: np.ndarray         # [steps]
     useful_tokens: np.ndarray     # [steps] tokens decoded that belong to a response
@@ -467,6 +477,8 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
         raise ValueError("steps must be >= 1")
     warmup = 2 * setup.segments + 2 if warmup is None else warmup
     rng = np.random.default_rng(seed)
+    rng_prompt = np.random.default_rng([seed, 1])
+    plens = None if not setup.prompt_lens else np.asarray(setup.prompt_lens, dtype=np.int64)
     G, P, M, seg = setup.group_size, setup.prompts_per_step, setup.max_len, setup.segment_len
     total = warmup + steps
     n_groups_max = total * P
@@ -477,6 +489,7 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
     pool_d = np.zeros(0, dtype=np.int64)
     pool_g = np.zeros(0, dtype=np.int64)
     pool_first = np.zeros(0, dtype=np.int64)
+    pool_pl = np.zeros(0, dtype=np.int64)
     next_gid = 0
     rec: dict[str, list[Any]] = {k: [] for k in (
         "features", "completed", "truncated", "useful", "rows", "unfinished", "released")}
@@ -485,6 +498,9 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
         admit = P if setup.max_unfinished is None or pool_L.size < setup.max_unfinished else 0
         new_L = dist.sample(rng, admit, G).reshape(-1) if admit else np.zeros(0, dtype=np.int64)
         gids = np.repeat(np.arange(next_gid, next_gid + admit), G)
+        group_pl = (plens[rng_prompt.integers(0, plens.size, size=admit)] if plens is not None
+                    else np.full(admit, setup.prompt_len, dtype=np.int64))
+        pl = np.concatenate([pool_pl, np.repeat(group_pl, G)])
         group_left[next_gid:next_gid + admit] = G
         next_gid += admit
         L = np.concatenate([pool_L, new_L])
@@ -495,26 +511,34 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
         L_eff = np.minimum(L, M)
         n = np.minimum(seg, L_eff - d)
         done = d + n == L_eff
-        ctx0 = setup.prompt_len + d
+        ctx0 = pl + d
         if B == 0:
-            feat = [0, 0, 0, 0, 0, 1]
+            feat = [0, 0, 0, 0, 0, 1, 0]
         else:
             budget = int(np.minimum(seg, M - d).max())
-            e = effective_context(ctx0, setup, budget)
+            e, labels = effective_context(ctx0, setup, budget)
             iters, row_slots, row_ctx = decode_features(n, e, setup.regime, setup.compact_min_frac)
+            # a bucket is computed while any of its rows decodes (static: for the whole batch)
+            n_b = int(labels.max()) + 1
+            if setup.regime == "static":
+                extra = (n_b - 1) * iters
+            else:
+                dur = np.zeros(n_b, dtype=np.int64)
+                np.maximum.at(dur, labels, n)
+                extra = int(dur.sum()) - iters
             if setup.context == "padded":
                 prefill = B * int(ctx0.max())
             else:
                 n_new = new_L.size
                 carried_tokens = int(ctx0[: B - n_new].sum())
-                new_ctx = (admit if setup.share_prompt_prefill else n_new) * setup.prompt_len
+                new_ctx = int(group_pl.sum()) * (1 if setup.share_prompt_prefill else G)
                 prefill = carried_tokens + new_ctx
-            feat = [iters, row_slots, row_ctx, prefill, 0, 1]
+            feat = [iters, row_slots, row_ctx, prefill, 0, 1, extra]
         # group gating and release
         if done.any():
             dg = g[done]
             np.subtract.at(group_left, dg, 1)
-            np.add.at(group_tokens, dg, L_eff[done] + setup.prompt_len)
+            np.add.at(group_tokens, dg, L_eff[done] + pl[done])
             for gid in np.unique(dg):
                 if group_left[gid] == 0:
                     ready.append(int(gid))
@@ -535,7 +559,7 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
             multi += int((spans > 0).sum())
             stale += int(spans.sum())
         keep = ~done
-        pool_L, pool_d, pool_g, pool_first = L[keep], (d + n)[keep], g[keep], first[keep]
+        pool_L, pool_d, pool_g, pool_first, pool_pl = L[keep], (d + n)[keep], g[keep], first[keep], pl[keep]
     return SimTrace(
         setup=setup,
         features=np.asarray(rec["features"], dtype=float),
@@ -588,7 +612,7 @@ def evaluate(trace: SimTrace, cost: CostModel) -> SimResult:
     f = trace.features
     completed = int(trace.completed.sum())
     useful = int(trace.useful_tokens.sum())
-    decode_ms = float((f[:, :3] @ theta[:3]).sum())
+    decode_ms = float((f @ cost.decode_vector()).sum())
     prefill_ms = float(f[:, 3].sum() * cost.p)
     train_ms = float(f[:, 4].sum() * cost.t)
     inf = float("inf")
@@ -681,47 +705,59 @@ def fit_prefill_curve(points: Iterable[dict[str, float]]) -> tuple[float, dict[s
     return float(sol[1]), {"points": len(pts), "call_ms": float(sol[0]), "max_rel_err": float(rel.max())}
 
 
-def fit_s1(decode: CostModel, traces: dict[str, SimTrace], measured: dict[str, dict[str, float]],
-           *, fit_scale: bool = True, prefill_ms_per_token: Optional[float] = None
-           ) -> tuple[CostModel, dict[str, float]]:
-    """Calibrate prefill cost ``p``, per-step overhead ``o`` and a decode scale ``k`` on S = 1 only.
+S1_FREE = ("scale", "overhead", "bucket")
 
-    ``traces[regime]`` are S = 1 simulations; ``measured[regime]`` holds the bench's
-    ``finished_per_s`` (the mean-time quantity the simulator predicts) and ``prefill_frac``.
-    ``p`` is ``prefill_ms_per_token`` when given (a measured prefill curve), else it comes from the
-    measured prefill share at S = 1 (prompt tokens only: poorly determined when prompts are short); then ``k`` and ``o`` solve the per-regime mean step
-    times exactly when two regimes are given (falling back to ``k = 1`` and a least-squares ``o``
-    if that gives a negative value or ``fit_scale`` is off).
+
+def fit_s1(decode: CostModel, traces: dict[str, SimTrace], measured: dict[str, dict[str, float]],
+           *, free: Sequence[str] = ("scale", "overhead"), prefill_ms_per_token: Optional[float] = None
+           ) -> tuple[CostModel, dict[str, Any]]:
+    """Calibrate the in-run cost on S = 1 measurements only (``traces[regime]`` are S = 1
+    simulations, ``measured[regime]`` the bench rows with ``finished_per_s`` and ``prefill_frac``).
+
+    * prefill ``p``: ``prefill_ms_per_token`` when given, else the in-run prefill time per prefilled
+      token at S = 1 (``prefill_frac`` x mean step time / simulated prefill tokens);
+    * then non-negative least squares of the remaining mean step time (from ``finished_per_s``) on
+      the ``free`` terms: ``scale`` (factor k on the cost curve's a, b, c; else k = 1),
+      ``overhead`` (ms per step), ``bucket`` (ms per extra context bucket per iteration). With two
+      regimes and two free terms the fit is exact when the solution is non-negative.
     """
+    bad = [f for f in free if f not in S1_FREE]
+    if bad:
+        raise ValueError(f"unknown free terms {bad}; choose from {S1_FREE}")
     regimes = [r for r in ("static", "compact") if r in traces and r in measured]
     if not regimes:
         raise ValueError("fit_s1 needs S=1 measurements of at least one regime")
-    D, P, T = [], [], []
+    D, P, T, one, bkt = [], [], [], [], []
+    base = replace(CostModel(), a=decode.a, b=decode.b, c=decode.c)
     for r in regimes:
         tr, m = traces[r], measured[r]
-        if m.get("finished_per_s", 0) <= 0:
+        if (m.get("finished_per_s") or 0) <= 0:
             raise ValueError(f"S=1 {r}: measured finished_per_s must be > 0")
-        D.append(float(tr.features[:, :3].mean(0) @ decode.vector()[:3]))
-        P.append(float(tr.features[:, 3].mean()))
+        f = tr.features.mean(0)
+        D.append(float(f @ base.decode_vector()))
+        P.append(float(f[3]))
+        one.append(1.0)
+        bkt.append(float(f[6]))
         T.append(float(tr.completed.mean()) / m["finished_per_s"] * 1000.0)   # mean step ms
     D_, P_, T_ = map(np.array, (D, P, T))
-    fracs = np.array([float(measured[r].get("prefill_frac", 0.0) or 0.0) for r in regimes])
+    fracs = np.array([float(measured[r].get("prefill_frac") or 0.0) for r in regimes])
     if prefill_ms_per_token is not None:
         p = float(prefill_ms_per_token)
     else:
         p = float(np.sum(fracs * T_) / np.sum(P_)) if np.sum(P_) > 0 else 0.0
     rest = T_ - p * P_
-    k, o = 1.0, float(np.mean(rest - D_))
-    if fit_scale and len(regimes) == 2 and abs(D_[0] - D_[1]) > 1e-9 * max(D_):
-        k2 = float((rest[0] - rest[1]) / (D_[0] - D_[1]))
-        o2 = float(rest[0] - k2 * D_[0])
-        if k2 > 0 and o2 >= 0:
-            k, o = k2, o2
-    if o < 0 and fit_scale:          # cost curve over-predicts in-run decode: scale, no overhead
-        k = float(np.sum(rest * D_) / np.sum(D_ * D_))
-        o = 0.0
-    model = replace(decode.scaled_decode(k), p=p, o=max(o, 0.0))
-    return model, {"decode_scale": k, "prefill_ms_per_token": p, "overhead_ms": max(o, 0.0)}
+    cols = {"scale": D_, "overhead": np.array(one), "bucket": np.array(bkt)}
+    use = [f for f in free if np.any(cols[f] != 0)]
+    if "scale" not in use:
+        rest = rest - D_
+    sol = _nnls(np.stack([cols[f] for f in use], axis=1), rest) if use else np.zeros(0)
+    got = dict(zip(use, map(float, sol)))
+    k = got.get("scale", 1.0)
+    model = replace(decode.scaled_decode(k), p=p, o=got.get("overhead", 0.0), bk=got.get("bucket", 0.0))
+    resid = (np.stack([cols[f] for f in use], axis=1) @ sol if use else 0.0) - rest
+    return model, {"decode_scale": k, "prefill_ms_per_token": p, "overhead_ms": model.o,
+                   "bucket_iter_ms": model.bk, "free": list(free),
+                   "max_abs_resid_ms": float(np.max(np.abs(resid))) if use else None}
 
 
 def fit_two_points(trace1: SimTrace, trace2: SimTrace, t1_s: float, t2_s: float, *,
@@ -742,278 +778,3 @@ def fit_two_points(trace1: SimTrace, trace2: SimTrace, t1_s: float, t2_s: float,
     v = fixed.copy()
     v[0], v[col] = sol
     return CostModel(*map(float, v))
-
-
-# ----------------------------------------------------------------------------- studies
-# The three questions ``ulorl-sim`` answers; each returns plain JSON-able data.
-
-PAPER_MAX_LEN = 65536
-PAPER_PROMPTS, PAPER_GROUP = 128, 8
-
-
-def _progress(msg: str, progress: Optional[Any]) -> None:
-    if progress is not None:
-        progress(msg)
-
-
-def bench_setup(config: dict[str, Any], segments: int, regime: str,
-                context: Optional[ContextMode] = None) -> RolloutSetup:
-    """``RolloutSetup`` from a bench ``config`` object (``BENCH_CONFIG_KEYS``).
-
-    Engine traits default to the engine the bench names: hf fast path (``engine_backend: fast``)
-    = bucketed contexts, shared prompt prefill, compaction at 1/8 of rows done; hf fallback =
-    one padded cache, no sharing; vllm = per-row contexts, shared prefix, immediate compaction.
-    Config keys ``context_mode``, ``share_prompt_prefill``, ``compact_min_frac``, ``max_buckets``
-    and ``bucket_overhead`` override them, and ``context`` overrides ``context_mode``.
-    """
-    def need(*names: str) -> Any:
-        for n in names:
-            if config.get(n) is not None:
-                return config[n]
-        raise ValueError(f"BENCH.json config lacks {names[0]!r}")
-    engine = str(config.get("engine") or "hf")
-    backend = str(config.get("engine_backend") or "fast")
-    if engine == "vllm":
-        traits: dict[str, Any] = {"context": "row", "share_prompt_prefill": True, "compact_min_frac": 0.0}
-    elif backend == "fast":
-        traits = {"context": "bucket", "share_prompt_prefill": True, "compact_min_frac": 0.125}
-    else:
-        traits = {"context": "padded", "share_prompt_prefill": False, "compact_min_frac": 0.125}
-    for key, cfg_key in (("context", "context_mode"), ("share_prompt_prefill", "share_prompt_prefill"),
-                         ("compact_min_frac", "compact_min_frac")):
-        if config.get(cfg_key) is not None:
-            traits[key] = config[cfg_key]
-    if context is not None:
-        traits["context"] = context
-    return RolloutSetup(
-        max_len=int(need("max_response_len", "max_len")),
-        segments=segments,
-        prompts_per_step=int(need("prompts_per_step", "prompts")),
-        group_size=int(need("group_size", "group")),
-        regime=regime,  # type: ignore[arg-type]
-        prompt_len=int(round(float(config.get("prompt_len_mean") or 0))),
-        min_ready_groups=int(config.get("min_ready_groups") or 1),
-        max_buckets=int(config.get("max_buckets") or 4),
-        bucket_overhead=float(config.get("bucket_overhead") or 256.0),
-        **traits,
-    )
-
-
-BENCH_CONFIG_KEYS = ("max_response_len", "prompts_per_step", "group_size", "prompt_len_mean", "engine",
-                     "engine_backend", "min_ready_groups", "context_mode", "share_prompt_prefill",
-                     "compact_min_frac", "max_buckets", "bucket_overhead")
-
-
-def run_validate(bench: dict[str, Any], *, context: Optional[ContextMode] = None, steps: int = 400, seed: int = 0,
-                 tolerance: float = 0.15, fit_scale: bool = True, progress: Optional[Any] = None) -> dict[str, Any]:
-    """Check (a): fit on the cost curve and the S = 1 rows only, predict every other row."""
-    for key in ("results", "cost_curve", "config"):
-        if key not in bench:
-            raise ValueError(f"BENCH.json lacks {key!r}")
-    dist = parse_lengths(bench, "BENCH.json")
-    decode, curve_fit = fit_cost_curve(bench["cost_curve"])
-    measured: dict[tuple[int, str], dict[str, float]] = {}
-    for i, row in enumerate(bench["results"]):
-        try:
-            measured[(int(row["segments"]), str(row["regime"]))] = row
-        except KeyError as exc:
-            raise ValueError(f"BENCH.json results[{i}] lacks {exc.args[0]!r}") from None
-    s1 = {reg: m for (s, reg), m in measured.items() if s == 1}
-    if not s1:
-        raise ValueError("BENCH.json results have no segments=1 row to fit on")
-    traces: dict[tuple[int, str], SimTrace] = {}
-    setups = {k: bench_setup(bench["config"], k[0], k[1], context) for k in sorted(measured)}
-    for (s, reg), setup in setups.items():
-        _progress(f"simulating S={s} {reg} ({steps} steps)", progress)
-        traces[(s, reg)] = simulate(setup, dist, steps=steps, seed=seed)
-    p_curve, prefill_fit = None, None
-    if bench.get("prefill_curve"):
-        p_curve, prefill_fit = fit_prefill_curve(bench["prefill_curve"])
-    cost, s1_fit = fit_s1(decode, {reg: traces[(1, reg)] for reg in s1}, s1, fit_scale=fit_scale,
-                          prefill_ms_per_token=p_curve)
-    s1_fit["prefill_from"] = "prefill_curve" if p_curve is not None else "s1_prefill_frac"
-    preds = [evaluate(traces[k], cost) for k in sorted(measured)]
-    add_ratios(preds)
-    rows = []
-    for p in preds:
-        m = measured[(p.segments, p.regime)]
-        row: dict[str, Any] = {"segments": p.segments, "regime": p.regime, "fitted_on": p.segments == 1}
-        for name, pv in (("step_time_s", p.step_time_median_s), ("finished_per_s", p.finished_per_s),
-                         ("ratio_vs_s1", p.ratio_vs_s1), ("decode_utilization", p.decode_utilization),
-                         ("iters_per_finished", p.iters_per_finished), ("prefill_frac", p.prefill_frac),
-                         ("tokens_per_s", p.tokens_per_s), ("mean_rows", p.batch_rows_mean),
-                         ("mean_unfinished", p.unfinished_mean),
-                         ("prefill_tokens_per_finished", p.prefill_tokens_per_finished)):
-            mv = m.get(name)
-            err = None if (mv in (None, 0) or pv is None) else (pv - float(mv)) / float(mv)
-            row[name] = {"predicted": pv, "measured": mv, "rel_err": err}
-        rows.append(row)
-    checked = [r for r in rows if not r["fitted_on"]]
-    errs = [abs(r[k]["rel_err"]) for r in checked for k in ("finished_per_s", "step_time_s")
-            if r[k]["rel_err"] is not None]
-    max_err = max(errs) if errs else None
-    return {
-        "command": "validate",
-        "cost_curve_fit": {"a_ms": decode.a, "b_ms": decode.b, "c_ms": decode.c, **curve_fit},
-        "s1_fit": s1_fit,
-        "prefill_curve_fit": prefill_fit,
-        "cost_model": asdict(cost),
-        "engine_traits": {k: getattr(setups[min(setups)], k) for k in (
-            "context", "share_prompt_prefill", "compact_min_frac", "max_buckets", "bucket_overhead", "prompt_len")},
-        "lengths": dist.describe(),
-        "steps": steps,
-        "seed": seed,
-        "rows": rows,
-        "tolerance": tolerance,
-        "max_abs_rel_err": max_err,
-        "passed": bool(max_err is not None and max_err <= tolerance),
-    }
-
-
-def paper_lengths(within_half: float = 0.8, sigma: float = 0.6, rho: float = 0.5,
-                  max_len: int = PAPER_MAX_LEN) -> LogNormalLengths:
-    """Lognormal with ``within_half`` of responses at most ``max_len / 2`` tokens."""
-    return LogNormalLengths.with_quantile(max_len / 2, within_half, sigma, rho)
-
-
-def run_paper(dist: Optional[LengthDist] = None, *, segments: Sequence[int] = (1, 2, 4, 8), prompt_len: int = 256,
-              steps: int = 100, seed: int = 0, progress: Optional[Any] = None) -> dict[str, Any]:
-    """Check (b): flat-cost static regime fitted exactly to the paper's S = 1 and S = 2 step times."""
-    from ulorl.report.paper import TABLE1
-
-    paper = {r.segments: r for r in TABLE1}
-    segs = sorted(set(segments) | {1, 2})
-    dist = dist or paper_lengths()
-    traces = {}
-    for s in segs:
-        _progress(f"simulating S={s} (128 x 8, 64k, {steps} steps)", progress)
-        traces[s] = simulate(RolloutSetup(PAPER_MAX_LEN, s, PAPER_PROMPTS, PAPER_GROUP, "static",
-                                          prompt_len=prompt_len, context="row"), dist, steps=steps, seed=seed)
-    t1, t2 = paper[1].time_per_step_s, paper[2].time_per_step_s
-    fits = {
-        "overhead": fit_two_points(traces[1], traces[2], t1, t2, second="overhead"),
-        "prefill": fit_two_points(traces[1], traces[2], t1, t2, second="prefill"),
-    }
-    implied = None
-    if 4 in paper and 4 in traces:      # all three points, (a, p, o): not a prediction, an attribution
-        X = np.array([traces[s].features.mean(0)[[0, 3, 5]] for s in (1, 2, 4)])
-        y = np.array([paper[s].time_per_step_s * 1000.0 for s in (1, 2, 4)])
-        sol = np.linalg.solve(X, y)
-        implied = {"a_ms": float(sol[0]), "p_ms_per_token": float(sol[1]), "o_ms": float(sol[2]),
-                   "prefill_tok_per_s": float(1000.0 / sol[1]) if sol[1] > 0 else None}
-    out_rows = []
-    for s in segs:
-        res = {name: evaluate(traces[s], cm) for name, cm in fits.items()}
-        main = res["overhead"]
-        row = {
-            "segments": s,
-            "decode_iters_per_step": main.decode_iters_per_step,
-            "batch_rows_mean": main.batch_rows_mean,
-            "unfinished_mean": main.unfinished_mean,
-            "multi_segment_frac": main.multi_segment_frac,
-            "staleness_mean": main.staleness_mean,
-            "reprefill_tokens_per_step": float(traces[s].features[:, 3].mean()),
-            "predicted_step_s": main.step_time_s,
-            "predicted_speedup": t1 / main.step_time_s,
-            "predicted_step_s_prefill_fit": res["prefill"].step_time_s,
-            "predicted_speedup_prefill_fit": t1 / res["prefill"].step_time_s,
-            "paper_step_s": paper[s].time_per_step_s if s in paper else None,
-            "paper_speedup": paper[s].speedup if s in paper else None,
-            "fitted_on": s in (1, 2),
-        }
-        row["rel_err"] = None if row["paper_step_s"] is None else \
-            (row["predicted_step_s"] - row["paper_step_s"]) / row["paper_step_s"]
-        out_rows.append(row)
-    first = traces[1]
-    return {
-        "command": "paper",
-        "setting": {"max_len": PAPER_MAX_LEN, "prompts_per_step": PAPER_PROMPTS, "group_size": PAPER_GROUP,
-                    "regime": "static", "context": "row", "prompt_len": prompt_len, "steps": steps, "seed": seed},
-        "lengths": {**dist.describe(), "frac_within_half": dist.frac_within(PAPER_MAX_LEN / 2),
-                    "truncated_frac": float(first.truncated.sum() / first.completed.sum())},
-        "fit": {"overhead": asdict(fits["overhead"]), "prefill": asdict(fits["prefill"])},
-        "implied_three_point": implied,
-        "rows": out_rows,
-    }
-
-
-def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_step: int, group_size: int,
-             segments: Sequence[int], regimes: Sequence[str] = ("static", "compact"), prompt_len: int = 0,
-             context: ContextMode = "padded", steps: int = 300, seed: int = 0, near: float = 0.05,
-             share_prompt_prefill: bool = False, compact_min_frac: float = 0.0,
-             progress: Optional[Any] = None) -> dict[str, Any]:
-    """Which S maximises finished samples per second, per regime (and the smallest S within
-    ``near`` of the best, since more segments mean more off-policy tokens)."""
-    results: list[SimResult] = []
-    for reg in regimes:
-        for s in segments:
-            if s > max_len:
-                raise ValueError(f"segments {s} > max_len {max_len}")
-            _progress(f"simulating S={s} {reg} ({steps} steps)", progress)
-            setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context,  # type: ignore[arg-type]
-                                 share_prompt_prefill=share_prompt_prefill, compact_min_frac=compact_min_frac)
-            results.append(evaluate(simulate(setup, dist, steps=steps, seed=seed), cost))
-    add_ratios(results)
-    best: dict[str, Any] = {}
-    for reg in regimes:
-        rs = [r for r in results if r.regime == reg]
-        top = max(rs, key=lambda r: r.finished_per_s)
-        close = min((r for r in rs if r.finished_per_s >= (1 - near) * top.finished_per_s), key=lambda r: r.segments)
-        best[reg] = {"segments": top.segments, "finished_per_s": top.finished_per_s,
-                     "smallest_within_near": close.segments}
-    overall = max(results, key=lambda r: r.finished_per_s)
-    return {
-        "command": "plan",
-        "setting": {"max_len": max_len, "prompts_per_step": prompts_per_step, "group_size": group_size,
-                    "prompt_len": prompt_len, "context": context, "share_prompt_prefill": share_prompt_prefill,
-                    "compact_min_frac": compact_min_frac, "steps": steps, "seed": seed, "near": near},
-        "lengths": dist.describe(),
-        "cost_model": asdict(cost),
-        "results": [r.to_dict() for r in results],
-        "best": best,
-        "recommendation": {"regime": overall.regime, "segments": overall.segments,
-                           "finished_per_s": overall.finished_per_s},
-    }
-
-
-def synthetic_bench(cost: CostModel, dist: LengthDist, *, max_len: int, prompts_per_step: int, group_size: int,
-                    prompt_len: int = 0, segments: Sequence[int] = (1, 2, 4, 8), context: ContextMode = "padded",
-                    share_prompt_prefill: bool = False, compact_min_frac: float = 0.0,
-                    steps: int = 300, seed: int = 1, n_lengths: int = 2000) -> dict[str, Any]:
-    """A ``ulorl-bench rollout --json``-shaped object generated by the simulator itself (tests,
-    docs): a cost curve from ``cost`` on a rows x context grid, and simulated results. The
-    ``group_lengths`` it reports are ``n_lengths`` draws from ``dist`` — or, for an empirical
-    ``dist`` with groups, exactly its groups (then ``run_validate`` with the same seed and steps
-    reproduces the truth exactly)."""
-    rng = np.random.default_rng(seed)
-    curve = [{"rows": r, "context": c, "ms_per_iter": cost.iter_ms(r, c)}
-             for r in (1, 8, 32, 64, 128, 256) for c in (64, max_len // 2, max_len + prompt_len)]
-    results = []
-    for reg in ("static", "compact"):
-        for s in segments:
-            setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context,  # type: ignore[arg-type]
-                                 share_prompt_prefill=share_prompt_prefill, compact_min_frac=compact_min_frac)
-            tr = simulate(setup, dist, steps=steps, seed=seed)
-            results.append(evaluate(tr, cost))
-    add_ratios(results)
-    if isinstance(dist, EmpiricalLengths) and dist.groups:
-        groups = np.minimum(np.asarray(dist.groups, dtype=np.int64), max_len)   # the truth itself
-    else:
-        groups = np.minimum(dist.sample(rng, max(1, n_lengths // group_size), group_size), max_len)
-    return {
-        "config": {"max_response_len": max_len, "prompts_per_step": prompts_per_step, "group_size": group_size,
-                   "prompt_len_mean": prompt_len, "segments": list(segments), "regimes": ["static", "compact"],
-                   "engine": "simulator", "context_mode": context, "share_prompt_prefill": share_prompt_prefill,
-                   "compact_min_frac": compact_min_frac},
-        "results": [{"segments": r.segments, "regime": r.regime, "step_time_s": r.step_time_median_s,
-                     "finished_per_s": r.finished_per_s, "tokens_per_s": r.tokens_per_s,
-                     "decode_utilization": r.decode_utilization, "prefill_frac": r.prefill_frac,
-                     "iters_per_finished": r.iters_per_finished, "ratio_vs_s1": r.ratio_vs_s1,
-                     "mean_rows": r.batch_rows_mean, "mean_unfinished": r.unfinished_mean,
-                     "prefill_tokens_per_finished": r.prefill_tokens_per_finished}
-                    for r in results],
-        "cost_curve": curve,
-        "prefill_curve": [{"tokens": n, "ms": cost.p * n} for n in (256, 4096, 65536)],
-        "group_lengths": groups.tolist(),
-        "lengths": groups.reshape(-1).tolist(),
-    }

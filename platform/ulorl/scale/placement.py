@@ -35,7 +35,6 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional

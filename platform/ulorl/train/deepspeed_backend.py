@@ -133,16 +133,16 @@ class DeepSpeedBackend:
     def zero_grad(self) -> None:
         """Drop accumulated gradients (an update refused after some backward passes)."""
         opt = self.engine.optimizer
-        opt.zero_grad(set_to_none=True)
-        # ZeRO 1/2 keep reduced partition gradients between backward and step
-        avg = getattr(opt, "averaged_gradients", None)
-        if isinstance(avg, dict):
-            avg.clear()
-        if hasattr(opt, "all_grad_tensors") and isinstance(opt.all_grad_tensors, dict):
-            opt.all_grad_tensors.clear()
-        if hasattr(opt, "micro_step_id"):
+        opt.zero_grad(set_to_none=True)  # ZeRO-3: also restarts its partition accumulation
+        if self.zero_stage < 3:
+            # ZeRO 1/2 keep reduced partition gradients between backward and step; without this reset
+            # the next backward would accumulate onto them
             from deepspeed.runtime.zero.stage_1_and_2 import INITIAL_MICRO_STEP_ID
 
+            for name in ("averaged_gradients", "all_grad_tensors"):
+                held = getattr(opt, name, None)
+                if isinstance(held, dict):
+                    held.clear()
             opt.micro_step_id = INITIAL_MICRO_STEP_ID
         self.engine.zero_grad()
 

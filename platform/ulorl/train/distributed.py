@@ -35,7 +35,7 @@ import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -114,6 +114,8 @@ def ensure_process_group(device_type: str) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ.setdefault("LOCAL_RANK", "0")
+    if device_type != "cuda":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # what DeepSpeed detects anyway, minus a warning per rank
     import deepspeed
     import deepspeed.ops
 

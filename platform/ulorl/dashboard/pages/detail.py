@@ -49,11 +49,15 @@ def render() -> None:
     runs = ui.load_runs().sort_values("start_time", ascending=False, na_position="last")
     ids = list(runs["run_id"])
     names = ui.run_names(runs)
-    preferred = [r for r in ui.selection() if r in names]
+    # ?run=<run id> links straight to a run; else the shared selection; else the newest training run.
+    linked = st.query_params.get("run")
+    preferred = [linked] if linked in names else [r for r in ui.selection() if r in names]
     if not preferred:
         preferred = list(runs[runs["kind"] == "train"]["run_id"][:1]) or ids[:1]
+    kinds = dict(zip(runs["run_id"], runs["kind"]))
     run_id = st.selectbox("Run", ids, index=ids.index(preferred[0]), key="detail_run",
-                          format_func=lambda r: f"{names[r]} · {runs.set_index('run_id').at[r, 'kind']}")
+                          format_func=lambda r: f"{names[r]} · {kinds[r]}")
+    st.query_params["run"] = run_id
     row = runs[runs["run_id"] == run_id].iloc[0]
 
     m = st.columns(4)

@@ -202,11 +202,10 @@ class FastCausalLM:
         dev = ids.device
         j = torch.arange(Q, device=dev)
         p0 = past_lens if past is not None else torch.zeros(n, dtype=torch.long, device=dev)
-        pos = p0[:, None] + j[None]
+        qvalid = j[None] < lens[:, None]                                            # [n, Q]
         full = past is None and bool((lens == Q).all())
         mask = None
         if not full:
-            qvalid = j[None] < lens[:, None]                                        # [n, Q]
             new = (j[None, None, :] <= j[None, :, None]) & qvalid[:, None, :]
             new |= torch.eye(Q, dtype=torch.bool, device=dev)[None]
             if past is not None:
@@ -214,19 +213,29 @@ class FastCausalLM:
                 pv = torch.arange(Pm, device=dev)[None] >= (Pm - past_lens)[:, None]  # [n, Pm]
                 new = torch.cat([pv[:, None, :].expand(n, Q, Pm), new], dim=2)
             mask = new[:, None]                                                   # [n, 1, Q, Pm + Q]
+        # matmuls and elementwise ops run on the T real tokens only ("packed"); attention runs in
+        # the padded [n, Q] layout, reached by two gathers per layer
+        sel = qvalid.reshape(-1).nonzero().squeeze(1)                 # padded slot of each real token
+        T = int(sel.shape[0])
+        pad_map = torch.full((n * Q,), T, dtype=torch.long, device=dev)
+        pad_map[sel] = torch.arange(T, device=dev)                    # T -> an appended zero row
+        pad_map = pad_map.view(n, Q)
+        pos = (p0[:, None] + j[None]).reshape(-1)[sel]                # [T]
         cos_t, sin_t = self.rope(int(pos.max()) + 1)
-        cos, sin = cos_t[pos][:, :, None], sin_t[pos][:, :, None]                 # [n, Q, 1, hd]
+        cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]           # [T, 1, hd]
         kv = torch.empty(self.nlayers, 2, n, self.kvh, Q, self.hd, dtype=self.dtype, device=dev)
-        x = F.embedding(ids, self.emb)
+        x = F.embedding(ids.reshape(-1)[sel], self.emb)               # [T, H]
         half = self.hd // 2
+        zero = torch.zeros(1, self.nh + 2 * self.kvh, self.hd, dtype=self.dtype, device=dev)
         for li, w in enumerate(self.layers):
-            h = self._rms(x)
-            qkv = F.linear(h, w.wqkv, w.bqkv)
-            qk = self._qk_norm(qkv[..., : self.qk_dim].view(n, Q, self.nh + self.kvh, self.hd), w)
+            qkv = F.linear(self._rms(x), w.wqkv, w.bqkv)
+            qk = self._qk_norm(qkv[:, : self.qk_dim].view(T, self.nh + self.kvh, self.hd), w)
             qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
-            q = qk[:, :, : self.nh].transpose(1, 2)
-            k = qk[:, :, self.nh:].transpose(1, 2)
-            v = qkv[..., self.qk_dim:].view(n, Q, self.kvh, self.hd).transpose(1, 2)
+            heads = torch.cat([qk, qkv[:, self.qk_dim:].view(T, self.kvh, self.hd), ], dim=1)
+            padded = torch.cat([heads, zero])[pad_map]                # [n, Q, nh + 2 kvh, hd]
+            q = padded[:, :, : self.nh].transpose(1, 2)
+            k = padded[:, :, self.nh: self.nh + self.kvh].transpose(1, 2)
+            v = padded[:, :, self.nh + self.kvh:].transpose(1, 2)
             kv[li, 0] = k
             kv[li, 1] = v
             if past is not None:
@@ -234,10 +243,11 @@ class FastCausalLM:
                 v = torch.cat([past[li, 1], v], dim=2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                                scale=self.scaling, enable_gqa=self.nrep > 1)
-            x = x + F.linear(o.transpose(1, 2).reshape(n, Q, self.q_dim), w.wo, w.bo)
+            o = o.transpose(1, 2).reshape(n * Q, self.q_dim)[sel]
+            x = x + F.linear(o, w.wo, w.bo)
             x = self._mlp(x, w)
-        last = x[torch.arange(n, device=dev), lens - 1]
-        return kv, self._logits(last)
+        last = torch.cumsum(lens, 0) - 1
+        return kv, self._logits(x[last])
 
     # ------------------------------------------------------------------------------ decode
     def decode(self, tok: torch.Tensor, pos: torch.Tensor, buckets: list[Bucket], step: int) -> torch.Tensor:

@@ -402,13 +402,50 @@ def prefix_forest(contexts: Sequence[Sequence[int]]) -> list[PrefixNode]:
     return nodes
 
 
+def share_plan(nodes: list[PrefixNode], n_contexts: int, min_saving: int = 64) -> list[PrefixNode]:
+    """Keep a shared node only where it pays: ``(users - 1) * tokens >= min_saving``.
+
+    A dissolved node's tokens are prefilled again inside each of its children (each extra level
+    costs a prefill pass and past copies, so sharing 3 tokens among 9 contexts is not worth it).
+    Returns a new forest (parents before children, levels recomputed).
+    """
+    children: dict[int, list[int]] = {}
+    for nid, nd in enumerate(nodes):
+        children.setdefault(nd.parent, []).append(nid)
+    users = [len(nd.ends) for nd in nodes]
+    for nid in range(len(nodes) - 1, -1, -1):          # children come after their parent
+        if nodes[nid].parent >= 0:
+            users[nodes[nid].parent] += users[nid]
+    out: list[PrefixNode] = []
+
+    def visit(nid: int, start: int, parent: int) -> None:
+        nd = nodes[nid]
+        kids = children.get(nid, [])
+        level = out[parent].level + 1 if parent >= 0 else 0
+        if kids and (users[nid] - 1) * (nd.end - start) < min_saving:
+            for u in nd.ends:
+                out.append(PrefixNode(start, nd.end, u, parent, level, [u]))
+            for c in kids:
+                visit(c, start, parent)
+            return
+        out.append(PrefixNode(start, nd.end, nd.rep, parent, level, list(nd.ends)))
+        me = len(out) - 1
+        for c in kids:
+            visit(c, nd.end, me)
+
+    for root in children.get(-1, []):
+        visit(root, 0, -1)
+    assert sum(len(nd.ends) for nd in out) == n_contexts
+    return out
+
+
 def _prefill_forest(fast: FastCausalLM, contexts: list[list[int]], pad_id: int, budget: int,
-                    stats: HFEngineStats) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                    stats: HFEngineStats, min_saving: int = 64) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Prefill distinct ``contexts`` through their prefix forest, level by level, in chunks of at
     most ``budget`` padded (past + new) tokens. Returns per context its keys/values
     ``[L, 2, kvh, len, hd]`` and last-position logits ``[V]``."""
     dev = fast.device
-    nodes = prefix_forest(contexts)
+    nodes = share_plan(prefix_forest(contexts), len(contexts), min_saving)
     levels: dict[int, list[int]] = {}
     for nid, nd in enumerate(nodes):
         levels.setdefault(nd.level, []).append(nid)
@@ -418,17 +455,21 @@ def _prefill_forest(fast: FastCausalLM, contexts: list[list[int]], pad_id: int, 
     logits: list[Optional[torch.Tensor]] = [None] * len(contexts)
     L, kvh, hd = fast.nlayers, fast.kvh, fast.hd
     for lvl in sorted(levels):
-        todo = sorted(levels[lvl], key=lambda x: (nodes[x].start, nodes[x].end - nodes[x].start))
+        todo = sorted(levels[lvl], key=lambda x: (nodes[x].end - nodes[x].start, nodes[x].start))
         c0 = 0
         while c0 < len(todo):
             c1 = c0 + 1
             pm, qm = nodes[todo[c0]].start, nodes[todo[c0]].end - nodes[todo[c0]].start
+            qsum = qm
             while c1 < len(todo):
                 nd = nodes[todo[c1]]
-                p2, q2 = max(pm, nd.start), max(qm, nd.end - nd.start)
-                if (c1 - c0 + 1) * (p2 + q2) > budget:
+                q = nd.end - nd.start
+                p2, q2 = max(pm, nd.start), max(qm, q)
+                n2 = c1 - c0 + 1
+                # token budget (past + new, padded), and at most ~25% padding of the new tokens
+                if n2 * (p2 + q2) > budget or n2 * q2 > 1.25 * (qsum + q) + 32:
                     break
-                pm, qm, c1 = p2, q2, c1 + 1
+                pm, qm, qsum, c1 = p2, q2, qsum + q, c1 + 1
             chunk = todo[c0:c1]
             n = len(chunk)
             ids = torch.full((n, qm), pad_id, dtype=torch.long)

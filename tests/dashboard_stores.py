@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -63,6 +64,7 @@ def fresh_db(root: Path) -> str:
         tmp = _TEMPLATE_DIR / f"building-{os.getpid()}.db"
         MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
         tmp.replace(template)
+        atexit.register(shutil.rmtree, _TEMPLATE_DIR, True)
     root.mkdir(parents=True, exist_ok=True)
     db = root / "mlflow.db"
     shutil.copyfile(template, db)
@@ -182,7 +184,7 @@ def tiny_overrides(mode: str, segments: int, root: Path) -> list[str]:
     return [
         "train.max_steps=3", f"algo.mpt.mode='{mode}'", f"rollout.segments={segments}",
         "rollout.max_response_len=128", "rollout.prompts_per_step=4", "rollout.group_size=4",
-        "tracking.sample_every=1", "tracking.samples_per_log=2", "eval.every=3", "eval.num_problems=4",
+        "tracking.sample_every=1", "tracking.samples_per_log=8", "eval.every=3", "eval.num_problems=4",
         "eval.k=2", "train.checkpoint_every=3", "train.threads=1", f"train.output_dir={root / 'runs'}",
         f"tracking.run_name=quick-{mode}-S{segments}",
     ]
@@ -190,7 +192,8 @@ def tiny_overrides(mode: str, segments: int, root: Path) -> list[str]:
 
 def build_real_store(root: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """Two REAL tiny training runs (``ulorl.train.trainer.train``) and one REAL ``ulorl-eval`` run
-    of the first run's final checkpoint, nested under it."""
+    of the first run's final checkpoint, nested under it. ``extra``: more overrides for both
+    training runs (e.g. ``model.name_or_path=...``)."""
     from ulorl.config import load_experiment
     from ulorl.train.trainer import train
 

@@ -93,3 +93,9 @@ def test_parse_override_types():
     assert parse_override("a.b=null") == ("a.b", None)
     with pytest.raises(ConfigError):
         parse_override("nokey")
+
+
+def test_mode_off_from_yaml_and_override(tmp_path):
+    assert load_experiment(QUICK, ["algo.mpt.mode=off"]).algo.mpt.mode == "off"
+    p = _write(tmp_path, "algo:\n  mpt:\n    mode: off\n")
+    assert load_experiment(p).algo.mpt.mode == "off"

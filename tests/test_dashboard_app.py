@@ -64,7 +64,7 @@ def written(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real(tmp_path_factory):
-    return cached_store(tmp_path_factory, "real", lambda r: build_real_store(r, ("model.name_or_path=/tmp/ws_model",)))  # TEMP
+    return cached_store(tmp_path_factory, "real", build_real_store)
 
 
 # ----------------------------------------------------------------------------- empty stores

@@ -141,3 +141,46 @@ def test_cli_ray_refuses_a_gpu_placement_on_a_cpu_machine(tmp_path, model_arg):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]
     assert "needs 2 GPU in total but the Ray cluster has 0" in out.stderr
+
+
+@pytest.mark.slow
+def test_run_placement_inside_a_tune_trial(tmp_path, model_arg):
+    """A Tune trial with ``tune_resources(cfg)`` runs the placement in its own placement group and
+    reports each step's metrics through ``step_callback``."""
+    import os
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+    from mlflow.tracking import MlflowClient
+    from ray import tune
+
+    from ulorl.scale.placement import tune_resources
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = load_experiment(QUICK, SMALL + [model_arg, f"tracking.uri={uri}"])
+
+    def trial(config: dict) -> None:
+        from ray import tune as rt
+
+        from ulorl.config import config_from_dict
+        from ulorl.scale.placement import run_placement
+
+        res = run_placement(config_from_dict(config["cfg"]), run_dir=config["run_dir"],
+                            step_callback=lambda step, m, ck: rt.report({"step": step}))
+        rt.report({"step": res.steps, "run_id": res.run_id})
+
+    ray.init(include_dashboard=False)
+    try:
+        tuner = tune.Tuner(
+            tune.with_resources(trial, tune_resources(cfg)),
+            param_space={"cfg": cfg.model_dump(mode="json"), "run_dir": str(tmp_path / "run")},
+            run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="placement"),
+        )
+        results = tuner.fit()
+    finally:
+        ray.shutdown()
+    r = results[0]
+    assert r.error is None, r.error
+    assert r.metrics["step"] == 2
+    params = MlflowClient(uri).get_run(r.metrics["run_id"]).data.params
+    assert params["placement.trainer_workers"] == "2" and params["placement.address"] == "existing"

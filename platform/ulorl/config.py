@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -101,6 +101,12 @@ class MPTConfig(_Section):
     tau: float = Field(0.99, gt=0.0, le=1.0, description="MPT probability threshold, in (0, 1]")
     sigma: float = Field(0.2, ge=0.0, description="target entropy (dynamic mode)")
     entropy_scope: Literal["sample", "batch"] = "sample"
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as False; `mode: off` means the mode named "off"
+        return "off" if v is False else v
 
 
 class AlgoConfig(_Section):
@@ -212,6 +218,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
+    if raw.strip().lower() in ("on", "off", "yes", "no", "y", "n"):
+        return key, raw.strip()  # YAML 1.1 booleans: keep the word (e.g. algo.mpt.mode=off)
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:

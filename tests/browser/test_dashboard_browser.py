@@ -80,7 +80,7 @@ def _health(port: int) -> bool:
 
 @pytest.fixture(scope="module")
 def real_store(tmp_path_factory):
-    return cached_store(tmp_path_factory, "real", lambda r: build_real_store(r, ("model.name_or_path=/tmp/ws_model",)))  # TEMP
+    return cached_store(tmp_path_factory, "real", build_real_store)
 
 
 @pytest.fixture(scope="module")

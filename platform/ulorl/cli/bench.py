@@ -51,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("rollout", help="segment rollout: S in {1,2,4,8} x static/compact, no training",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
-    r.add_argument("--seconds", type=float, default=d.seconds, help="measured seconds per setting")
+    r.add_argument("--seconds", type=float, default=d.seconds,
+                   help="target measured seconds per setting (sets --steps from the warm-up step times)")
+    r.add_argument("--steps", type=int, default=None,
+                   help="measured steps per setting (every setting decodes the same prompts); default from --seconds")
     r.add_argument("--rounds", type=int, default=d.rounds, help="round-robin rounds over the settings")
     r.add_argument("--device", default=d.device, help="cpu | cuda (| cuda:N)")
     r.add_argument("--prompts", type=int, default=d.prompts, help="new prompts per step")
@@ -59,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-len", type=int, default=d.max_len, help="global max response length")
     r.add_argument("--segments", default=",".join(map(str, d.segments)), help="segment counts S")
     r.add_argument("--regimes", default=",".join(d.regimes), help="batching regimes")
-    r.add_argument("--warmup", type=int, default=None, help="warm-up steps per setting (default: S + 1)")
+    r.add_argument("--warmup", type=int, default=None, help="warm-up steps per setting (default: S)")
     r.add_argument("--threads", type=int, default=d.threads,
                    help="torch threads (0 = torch's default; 1 is robust on a shared 2-core machine)")
     r.add_argument("--model", default=d.model, help="'embedded' or a local model folder")
@@ -83,7 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         regimes = tuple(x.strip() for x in args.regimes.split(",") if x.strip())
         cfg = BenchConfig(
             prompts=args.prompts, group=args.group, max_len=args.max_len,
-            segments=_ints(args.segments, "--segments"), regimes=regimes, seconds=args.seconds,
+            segments=_ints(args.segments, "--segments"), regimes=regimes, seconds=args.seconds, steps=args.steps,
             rounds=args.rounds, warmup=args.warmup, device=args.device, model=args.model,
             threads=args.threads or None, temperature=args.temperature, seed=args.seed,
             cost_rows=_ints(args.cost_rows, "--cost-rows"),

@@ -3,9 +3,12 @@
 Side by side in one process, with the same model, prompts (the embedded task's train split) and
 seeds, each setting (S, regime) drives its own ``SegmentScheduler`` over its own ``HFEngine`` at
 the same global max length. There is no training: the policy is fixed (``policy_version`` stays
-0), so the numbers isolate the rollout effect. Each setting first runs warm-up steps (its
-unfinished pool reaches steady state after S steps), then the settings are measured round robin
-for ``rounds`` rounds, ``seconds / rounds`` each, so machine noise hits every setting alike.
+0), so the numbers isolate the rollout effect. Each setting first runs S warm-up steps (its
+unfinished pool is then in steady state: every sample finishes within S steps), then every
+setting decodes the SAME measured prompt sequence, ``steps`` steps each (from ``--seconds`` and
+the warm-up step times), split round robin over ``rounds`` rounds so machine noise hits every
+setting alike and comparisons are paired (the S = 1 step time varies a lot with the longest
+prompt of its batch).
 
 Per setting (``results``): median step time, finished samples per second (EOS or truncated),
 useful tokens per second, decode utilization (useful tokens / row-slots decoded), prefill share of
@@ -40,9 +43,10 @@ class BenchConfig:
     max_len: int = 512                # global max response length (tokens)
     segments: tuple[int, ...] = (1, 2, 4, 8)
     regimes: tuple[str, ...] = ("static", "compact")
-    seconds: float = 40.0             # measured seconds per setting (split over the rounds)
+    seconds: float = 40.0             # target measured seconds per setting (sets `steps` when None)
+    steps: Optional[int] = None       # measured steps per setting, the same prompts for every setting
     rounds: int = 4                   # round-robin rounds over the settings
-    warmup: Optional[int] = None      # warm-up steps per setting; None = S + 1
+    warmup: Optional[int] = None      # warm-up steps per setting; None = S (fills the unfinished pool)
     device: str = "cpu"
     model: str = "embedded"
     threads: Optional[int] = 1        # torch threads (1: on a shared 2-core box 2 threads thrash); None = torch's default
@@ -66,6 +70,8 @@ class BenchConfig:
             raise ValueError(f"--regimes must be a subset of static,compact, got {list(self.regimes)}")
         if self.seconds <= 0 or self.rounds < 1:
             raise ValueError("--seconds must be > 0 and --rounds >= 1")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError("--steps must be >= 1")
         if self.warmup is not None and self.warmup < 0:
             raise ValueError("--warmup must be >= 0")
 
@@ -191,28 +197,36 @@ def run_settings(
     """
     cfg.validate()
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
+    # every setting decodes the same prompt sequence while measured (paired comparison); warm-up
+    # steps draw from the other half of the list
+    warm_prompts = list(prompts[len(prompts) // 2:]) or list(prompts)
     settings: list[_Setting] = []
     for regime in cfg.regimes:
         for s in cfg.segments:
             eng = engine_factory(regime)
             sched = SegmentScheduler(eng, segments=s, max_response_len=cfg.max_len, group_size=cfg.group,
                                      prompts_per_step=cfg.prompts, sampling=sampling, seed=cfg.seed)
-            settings.append(_Setting(s, regime, eng, sched, _cycle(prompts)))
+            settings.append(_Setting(s, regime, eng, sched, _cycle(warm_prompts)))
+    warm_time: list[float] = []
     for st in settings:
-        k = st.segments + 1 if cfg.warmup is None else cfg.warmup
+        k = st.segments if cfg.warmup is None else cfg.warmup
         t0 = time.perf_counter()
-        for _ in range(k):
-            _run_step(st, cfg, record=False)
+        times = [_run_step(st, cfg, record=False) for _ in range(k)]
+        warm_time.append(statistics.mean(times) if times else 0.0)
+        st.prompt_iter = _cycle(prompts)
         _say(progress, f"warm-up {st.name}: {k} steps in {time.perf_counter() - t0:.1f}s, "
                        f"unfinished pool {st.scheduler.unfinished}")
-    per_round = cfg.seconds / cfg.rounds
-    for rnd in range(cfg.rounds):
+    steps = cfg.steps
+    if steps is None:
+        mean_step = statistics.mean(warm_time) if warm_time and statistics.mean(warm_time) > 0 else 1.0
+        steps = max(cfg.rounds, int(round(cfg.seconds / mean_step)))
+    per_round = [steps // cfg.rounds + (1 if r < steps % cfg.rounds else 0) for r in range(cfg.rounds)]
+    _say(progress, f"measuring {steps} steps per setting ({per_round} per round), same prompts for all")
+    for rnd, k in enumerate(per_round):
         for st in settings:
-            spent = 0.0
-            while spent < per_round:
-                spent += _run_step(st, cfg, record=True, rnd=rnd)
-            _say(progress, f"round {rnd + 1}/{cfg.rounds} {st.name}: {spent:.1f}s, "
-                           f"{len(st.records)} steps measured")
+            spent = sum(_run_step(st, cfg, record=True, rnd=rnd) for _ in range(k))
+            _say(progress, f"round {rnd + 1}/{cfg.rounds} {st.name}: {k} steps in {spent:.1f}s")
+    cfg.steps = steps
     results = [summarize(st) for st in settings]
     add_ratios(results)
     lengths = [x for st in settings for x in st.lengths]
@@ -330,7 +344,7 @@ def run_rollout_bench(cfg: BenchConfig, *, progress: Progress = None) -> dict[st
     config.update({
         "segments": list(cfg.segments), "regimes": list(cfg.regimes),
         "cost_rows": list(cfg.cost_rows), "cost_contexts": list(contexts),
-        "warmup_steps": {str(s): (s + 1 if cfg.warmup is None else cfg.warmup) for s in cfg.segments},
+        "warmup_steps": {str(s): (s if cfg.warmup is None else cfg.warmup) for s in cfg.segments},
         # names the simulator reads
         "max_response_len": cfg.max_len, "prompts_per_step": cfg.prompts, "group_size": cfg.group,
         "prompt_len_mean": sum(prompt_lens) / len(prompt_lens), "min_ready_groups": 1,
@@ -364,7 +378,8 @@ def format_report(out: dict[str, Any]) -> str:
         f"{cfg.get('threads_used')} threads, no training (fixed policy)",
         f"  {cfg['prompts']} prompts x {cfg['group']} per step, global max {cfg['max_len']} tokens, "
         f"segments {cfg['segments']}, regimes {cfg['regimes']}",
-        f"  {cfg['seconds']:.0f}s measured per setting over {cfg['rounds']} round-robin rounds, "
+        f"  {cfg['steps']} measured steps per setting (same prompts for all; target {cfg['seconds']:.0f}s) "
+        f"over {cfg['rounds']} round-robin rounds, "
         f"warm-up {cfg.get('warmup_steps')} steps; load average start {cfg.get('loadavg_start')} "
         f"end {cfg.get('loadavg_end')}",
         "",

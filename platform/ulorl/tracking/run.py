@@ -123,9 +123,30 @@ class RunTracker:
             self._buffer.append(Metric(k, float(v), ts, step))
 
     def flush(self) -> None:
+        """Write buffered points, one ``log_batch`` (one store transaction) per step."""
         buf, self._buffer = self._buffer, []
-        for i in range(0, len(buf), MAX_BATCH):
-            self.client.log_batch(self.run_id, metrics=buf[i : i + MAX_BATCH])
+        by_step: dict[int, list[Metric]] = {}
+        for m in buf:
+            by_step.setdefault(m.step, []).append(m)
+        for step in sorted(by_step):
+            pts = by_step[step]
+            for i in range(0, len(pts), MAX_BATCH):
+                self.client.log_batch(self.run_id, metrics=pts[i : i + MAX_BATCH])
+
+    def pending(self) -> list[list[Any]]:
+        """Buffered points as JSON-able rows (saved in checkpoints: a kill between the checkpoint
+        and the flush must not lose the checkpointed steps' metrics)."""
+        return [[m.key, m.value, m.timestamp, m.step] for m in self._buffer]
+
+    def restore_pending(self, rows: list[list[Any]]) -> None:
+        """Re-buffer points saved in a checkpoint, except steps the store already holds."""
+        by_step: dict[int, list[Metric]] = {}
+        for key, value, ts, step in rows:
+            by_step.setdefault(int(step), []).append(Metric(key, float(value), int(ts), int(step)))
+        for step, pts in by_step.items():
+            have = {m.step for m in self.client.get_metric_history(self.run_id, pts[0].key)}
+            if step not in have:
+                self._buffer.extend(pts)
 
     def drop_buffer(self) -> None:
         self._buffer = []

@@ -42,8 +42,10 @@ TRAIN_METRICS: tuple[str, ...] = (
 ROLLOUT_METRICS: tuple[str, ...] = (
     "rollout/finished", "rollout/truncated", "rollout/response_len_mean", "rollout/response_len_max",
     "rollout/tokens", "rollout/tokens_per_s", "rollout/finished_per_s", "rollout/decode_utilization",
-    "rollout/reward_mean",
 )
+# Logged only at steps where some sample finished (EOS or truncated): mean reward of those samples,
+# i.e. rollout accuracy, the learning-curve metric.
+ROLLOUT_REWARD_METRIC = "rollout/reward_mean"
 POOL_METRICS: tuple[str, ...] = ("pool/unfinished", "pool/experience", "pool/staleness_max")
 TIME_METRICS: tuple[str, ...] = ("time/rollout_s", "time/train_s", "time/step_s", "time/wall_s")
 SKIPPED_METRIC = "train/skipped"

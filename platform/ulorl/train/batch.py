@@ -68,8 +68,9 @@ def build_train_batch(samples: list[Sample], pad_token_id: int) -> TrainBatch:
         if t == 0:
             continue
         response_mask[b, p - 1 : p - 1 + t] = True
-        if s.old_logprobs:
-            sais[b, p - 1 : p - 1 + t] = torch.tensor(s.old_logprobs[:t], dtype=torch.float32)
+        if s.old_logprobs:  # may be shorter while a segment is being scored (SAIS)
+            n = min(t, len(s.old_logprobs))
+            sais[b, p - 1 : p - 1 + n] = torch.tensor(s.old_logprobs[:n], dtype=torch.float32)
         versions[b, p - 1 : p - 1 + t] = torch.tensor(s.token_versions()[:t], dtype=torch.long)
     rewards = torch.tensor([float(s.reward or 0.0) for s in samples], dtype=torch.float32)
     group_ids = torch.tensor([s.group_id for s in samples], dtype=torch.long)

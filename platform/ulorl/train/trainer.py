@@ -152,6 +152,7 @@ class Trainer:
         self.engine_factory = engine_factory  # (rollout_cfg, model, tokenizer) -> Engine; default make_engine
         self.stop = _StopFlag()
         self.run_id: Optional[str] = None
+        self._pending_metrics: list[list[Any]] = []
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -238,6 +239,8 @@ class Trainer:
         if self.run_id:
             self.tracker = RunTracker.resume(self.tracking_uri, self.run_id)
             self.tracker.set_tags({"ulorl.resumed_at_step": str(self.step)})
+            self.tracker.restore_pending(self._pending_metrics)
+            self.tracker.flush()
             return
         tags = {
             schema.KIND_TAG: "train",
@@ -272,6 +275,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "pending_prompts": [p.__dict__ for p in self.pending_prompts],
             "last_eval": self.last_eval,
+            "pending_metrics": self.tracker.pending() if self.tracker is not None else [],
             "config": self.cfg.model_dump(mode="json"),
         }
 
@@ -310,6 +314,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.pending_prompts = [PromptRequest(**p) for p in state.get("pending_prompts", [])]
         self.last_eval = state.get("last_eval", {})
+        self._pending_metrics = state.get("pending_metrics", [])
         ckpt_io.load_rng(path)
         self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
         log.info("resumed from %s at step %d", path, self.step)

@@ -5,11 +5,14 @@ drives ``policy_update`` / ``save`` / ``load`` on a fixed set of released groups
 ``worker_loop`` — the same driver/worker split a ``ulorl-train`` run uses. The reference is the
 single-process ``TorchBackend`` on the same samples, in this pytest process.
 
-Tolerance (fp32): the DeepSpeed parameters after 3 optimizer steps equal the torch ones within
-``PARAM_ATOL`` = 2e-6 absolute. Sources of difference: float summation order (per-rank partial
+Tolerance (fp32, lr = 1e-4, 3 rollout steps x 2 mini-batch updates, parameters move by up to 6e-4):
+every parameter within ``PARAM_ATOL`` = 1e-5 (a tenth of one lr step) of the torch one, and 99.99 %
+of them within ``BULK_ATOL`` = 1e-7. Sources of difference: float summation order (per-rank partial
 gradients summed by the all-reduce, sharded no-grad pass with other padding); AdamW normalises each
-gradient element, so an element whose gradient is ~1e-9 can move by up to a fraction of lr when its
-sign flips — the test uses lr = 1e-4 and reports the measured max |delta| in its failure message.
+gradient element, so the few elements whose gradient is ~1e-9 move by a visible fraction of lr when
+the rounding changes. Measured on a 2-core CPU: max |delta| 9.98e-7, 99.99th percentile 1.9e-8,
+median 0. Gradient scale errors (e.g. a missing x world-size) would hide behind AdamW and clipping,
+so the pre-clip gradient norms are compared too (relative 1e-4).
 Resume is exact: 3 straight steps == 1 step + save + load into a fresh engine + 2 steps, bit for bit.
 """
 
@@ -28,7 +31,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-PARAM_ATOL = 2e-6
+PARAM_ATOL = 1e-5
+BULK_ATOL = 1e-7
 STEPS = 3
 SAVE_AT = 1
 
@@ -223,9 +227,11 @@ def test_two_rank_zero2_matches_torch_and_resumes_exactly(model_dir, tmp_path):
     moved = max_abs_diff(ref, initial)
     diff = max_abs_diff(ref, straight)
     print(f"timing {result['timing']}; max|param moved| {moved:.3e}; max|ds - torch| {diff:.3e}")
-    assert moved > 100 * PARAM_ATOL, "the updates did not move the parameters: the comparison would be vacuous"
+    assert moved > 10 * PARAM_ATOL, "the updates did not move the parameters: the comparison would be vacuous"
     assert "non-finite loss" in result["refused"]
     assert diff <= PARAM_ATOL, f"max |ds - torch| = {diff:.3e} > {PARAM_ATOL}"
+    bulk = float(torch.cat([(ref[k] - straight[k]).abs().flatten() for k in ref]).quantile(0.9999))
+    assert bulk <= BULK_ATOL, f"99.99th percentile of |ds - torch| = {bulk:.3e} > {BULK_ATOL}"
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), f"resume not exact at {k}"
     for m_ds, m_t in zip(result["metrics"], ref_metrics):

@@ -303,7 +303,7 @@ def test_shared_prefixes_prefilled_once_results_unchanged(model):
     p = prompts(1, seed=12)[0]
     prefixes = [[7, 8, 9, 10], [7, 8, 9, 11], [7, 8], [12], [7, 8, 9, 10]]
     rs = [GenerationRequest(i, p, pre, 6, seed=i) for i, pre in enumerate(prefixes)]
-    eng = HFEngine(model, EOS, PAD)
+    eng = HFEngine(model, EOS, PAD, share_min_tokens=0)
     out = eng.generate(rs, GREEDY)
     # forest: p -> {[7, 8] -> [9] -> {[10], [11]}, [12]}; the duplicate context costs nothing
     assert eng.last_stats.prefill_tokens == len(p) + 2 + 1 + 1 + 1 + 1
@@ -311,6 +311,24 @@ def test_shared_prefixes_prefilled_once_results_unchanged(model):
         alone = eng.generate([q], GREEDY)[0]
         assert r.token_ids == alone.token_ids
         assert r.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    # by default a prefix is shared only where that saves >= 64 prefill tokens: not here (3 x 13)
+    eng2 = HFEngine(model, EOS, PAD)
+    out2 = eng2.generate(rs, GREEDY)
+    assert [r.token_ids for r in out2] == [r.token_ids for r in out]
+    assert eng2.last_stats.prefill_tokens == sum(len(p) + len(pre) for pre in prefixes[:4])
+
+
+def test_share_plan_dissolves_small_shared_nodes():
+    from ulorl.rollout.engines.hf import share_plan
+
+    ctxs = [[1, 2, 3] + [5] * 40 + [6], [1, 2, 3] + [5] * 40 + [7], [1, 9]]
+    full = prefix_forest(ctxs)
+    # [1] shared by 3 contexts saves 2 tokens: dissolved; [2, 3, 5 x 40] shared by 2 saves 42
+    plan = share_plan(full, 3, min_saving=20)
+    spans = sorted((n.start, n.end, n.parent >= 0) for n in plan)
+    assert spans == [(0, 2, False), (0, 43, False), (43, 44, True), (43, 44, True)]
+    assert sum(n.end - n.start for n in plan) == 2 + 43 + 1 + 1
+    assert len(share_plan(full, 3, min_saving=0)) == len(full)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])

@@ -1,8 +1,9 @@
 """``ulorl-eval``: avg@k / pass@k of a model on a benchmark, logged to MLflow.
 
     ulorl-eval --benchmark heldout --k 8                       # embedded warm-started model
-    ulorl-eval --benchmark aime2025 --k 32 --model /models/UloRL-A3B --data-dir ../shared/data \
-               --max-new-tokens 131072 --yarn-factor 1.5 --yarn-original-max-pos 95232
+    ulorl-eval --benchmark aime2025 --k 32 --model /models/UloRL-A3B --data-dir ../shared/data
+    ulorl-eval --benchmark aime2025 --k 32 --model /models/UloRL-A3B --max-new-tokens 143360 \\
+               --yarn-factor 1.5 --yarn-original-max-pos 95232 --label UloRL-A3B-128k-Yarn
     ulorl-eval --benchmark heldout --k 4 --model runs:/<run_id>/checkpoints/final --parent-run-id <run_id>
 
 Sampling defaults to the paper's evaluation settings (temperature 0.85, top_p 0.95, top_k 20).
@@ -34,7 +35,7 @@ class EvalCliError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ulorl-eval", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="ulorl-eval", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--benchmark", required=True,
                    help="aime2025 | beyondaime | heldout (the embedded task's held-out split) | PATH.jsonl")

@@ -17,7 +17,8 @@ from typing import Optional
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ulorl-tables", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="ulorl-tables", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tracking-uri", default=None, help="MLflow URI (else $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     p.add_argument("--out", default="paper_tables", help="output folder (created)")
     p.add_argument("--experiment", default=None, help="only runs of this MLflow experiment (default: all)")

@@ -53,6 +53,7 @@ class PaperFigure:
 
     def save(self, path: str | Path) -> None:
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
 
         if not self.lines:
             fig = Figure(figsize=(6.4, 3.2))
@@ -67,6 +68,8 @@ class PaperFigure:
         axes = fig.subplots(nrows, ncols, squeeze=False)
         labels = list(dict.fromkeys(ln.label for ln in self.lines))
         colors = {lab: f"C{i % 10}" for i, lab in enumerate(labels)}
+        # distinct dash patterns keep overlapping curves visible (POIS and TOIS nearly coincide in the paper)
+        styles = {lab: ("-", "--", "-.", ":")[i % 4] for i, lab in enumerate(labels)}
         for i, panel in enumerate(self.panels):
             for j, (metric, ylabel) in enumerate(self.metrics):
                 ax = axes[i][j]
@@ -74,7 +77,7 @@ class PaperFigure:
                     if ln.panel != panel or metric not in ln.series:
                         continue
                     steps, values = ln.series[metric]
-                    ax.plot(steps, values, label=ln.label, color=colors[ln.label], linewidth=1.4,
+                    ax.plot(steps, values, label=ln.label, color=colors[ln.label], linestyle=styles[ln.label], linewidth=1.4,
                             marker="o" if len(steps) < 12 else None, markersize=3)
                 if metric == ENTROPY:
                     targets = {ln.target: ln.label for ln in self.lines if ln.panel == panel and ln.target is not None}
@@ -83,6 +86,7 @@ class PaperFigure:
                         ax.axhline(sigma, color="k" if one else colors[lab], linestyle="--", linewidth=1.0,
                                    label=f"target sigma = {sigma:.3g}")
                 ax.set_xlabel("training step")
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
                 ax.set_ylabel(ylabel)
                 ax.set_title(panel if len(self.metrics) == 1 else f"{panel}: {ylabel}", fontsize=9)
                 ax.grid(alpha=0.3)
@@ -126,6 +130,11 @@ def _val(v: str) -> str:
     return v if f.is_integer() and "." not in v else f"{f:.3g}"
 
 
+def _panel_value(v: str) -> str:
+    """A model path is shown by its last component (``/x/cache/c87d...`` -> ``c87d...``)."""
+    return v.rstrip("/").rsplit("/", 1)[-1] if v.startswith(("/", ".", "~")) else v
+
+
 def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str]) -> list[str]:
     """Label = primary param (pretty), plus whichever other params differ among runs whose labels
     would otherwise collide, plus the run name as a last resort."""
@@ -149,7 +158,7 @@ def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str]) -> li
 def _build(store: RunStore, key: str, title: str, metrics: list[tuple[str, str]], primary: str,
            panel_param: Optional[str], panel_fmt: str, hint: str, sigma: bool = False) -> PaperFigure:
     runs = [r for r in store.runs(paper_ref=key) if r.kind in ("train", "")]
-    panel_of = {r.run_id: (panel_fmt.format(r.param(panel_param, "?")) if panel_param else "") for r in runs}
+    panel_of = {r.run_id: (panel_fmt.format(_panel_value(r.param(panel_param, "?"))) if panel_param else "") for r in runs}
     panels = sorted(set(panel_of.values()), key=lambda s: (len(s), s)) or [""]
     fig = PaperFigure(key, title, metrics, panels, hint=hint)
     for panel in panels:

@@ -128,14 +128,28 @@ def find_hints(roots: Optional[list[Path]] = None) -> dict[str, str]:
 # ----------------------------------------------------------------------------- Table 1
 
 
+def _find_run_paper() -> Optional[Callable[..., dict[str, Any]]]:
+    """``run_paper`` of helper module ``ulorl.report.sim_studies`` (or, in older layouts,
+    ``ulorl.report.simulator``); None when neither provides it."""
+    import importlib
+
+    for mod in ("ulorl.report.sim_studies", "ulorl.report.simulator"):
+        try:
+            fn = getattr(importlib.import_module(mod), "run_paper", None)
+        except ImportError:
+            continue
+        if callable(fn):
+            return fn
+    return None
+
+
 def simulator_table1(segments: list[int]) -> Optional[dict[int, tuple[float, bool]]]:
-    """Paper-scale seconds/step per segment count from ``ulorl.report.simulator.run_paper`` (the
+    """Paper-scale seconds/step per segment count from the rollout simulator's ``run_paper`` (the
     static regime, flat per-iteration cost fitted exactly to the paper's S = 1 and S = 2 times):
     ``{S: (seconds, fitted)}`` where ``fitted`` marks the two calibration points. None when the
     simulator is not available."""
-    try:
-        from ulorl.report.simulator import run_paper
-    except ImportError:
+    run_paper = _find_run_paper()
+    if run_paper is None:
         return None
     try:
         res = run_paper(segments=tuple(segments))
@@ -208,7 +222,7 @@ def build_table1(
             p_sp = Cell(f"{p.speedup:.2f}x", p.speedup, note="paper") if p else Cell(DASH)
             if sim and s in sim:
                 v, fitted = sim[s]
-                src = "ulorl.report.simulator.run_paper" + (" (calibration point: equals the paper by construction)" if fitted else " (prediction)")
+                src = "ulorl.report.simulator (run_paper)" + (" (calibration point: equals the paper by construction)" if fitted else " (prediction)")
                 tag = " (fit)" if fitted else ""
                 sim_t = Cell(_fmt(v, 0) + tag, v, note=src)
                 sim_sp = Cell(f"{sim_base / v:.2f}x{tag}", sim_base / v, note=src) if sim_base else Cell(NA)

@@ -10,6 +10,11 @@ the warm-up step times), split round robin over ``rounds`` rounds so machine noi
 setting alike and comparisons are paired (the S = 1 step time varies a lot with the longest
 prompt of its batch).
 
+Default global max: 256 tokens. The embedded task's responses are long-tailed (mean ~50 tokens,
+p99 ~270, none above ~340 with the shipped model): at 256 the tail reaches the global max as in
+the paper (a few percent truncated, mean/max ~0.19), while at 512 no response comes near the
+max and S = 2 (segments of 256) or S = 4 change almost nothing (``--max-len 512`` shows it).
+
 Per setting (``results``): median step time, finished samples per second (EOS or truncated),
 useful tokens per second, decode utilization (useful tokens / row-slots decoded), prefill share of
 time, decode iterations per finished sample (hardware independent), mean batch rows, mean
@@ -40,7 +45,7 @@ class BenchConfig:
 
     prompts: int = 16                 # new prompts per step
     group: int = 8                    # G responses per prompt
-    max_len: int = 512                # global max response length (tokens)
+    max_len: int = 256                # global max response length (tokens); see the module docstring
     segments: tuple[int, ...] = (1, 2, 4, 8)
     regimes: tuple[str, ...] = ("static", "compact")
     seconds: float = 40.0             # target measured seconds per setting (sets `steps` when None)

@@ -143,6 +143,8 @@ class HFEngine:
         max_buckets / bucket_overhead: context-bucket planning (``plan_buckets``).
         compact_min_frac: compact when at least this fraction of the batch rows are done.
         prefill_chunk_tokens: padded-token budget of one prefill forward.
+        share_min_tokens: share a common prefix of several contexts (prefill it once) only when
+            that saves at least this many prefill tokens (``share_plan``).
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class HFEngine:
         bucket_overhead: float = 256.0,
         compact_min_frac: float = 0.125,
         prefill_chunk_tokens: int = 8192,
+        share_min_tokens: int = 64,
     ) -> None:
         if batching not in ("static", "compact"):
             raise ValueError(f"batching must be 'static' or 'compact', got {batching!r}")
@@ -182,6 +185,7 @@ class HFEngine:
         self.bucket_overhead = bucket_overhead
         self.compact_min_frac = compact_min_frac
         self.prefill_chunk_tokens = prefill_chunk_tokens
+        self.share_min_tokens = share_min_tokens
         self.device = torch.device(device)
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
@@ -514,6 +518,10 @@ class _FastState:
         dev = eng.device
         N = len(rows)
         lens = [len(r.ctx) for r in rows]
+        self.ctx = lens                                                   # context length per batch row
+        self.m_max = m_max
+        self.max_buckets, self.overhead = eng.max_buckets, eng.bucket_overhead
+        self.rebucket = getattr(eng, "rebucket", True)
         self.pos = torch.tensor(lens, dtype=torch.long, device=dev)      # position of token 0
         plan = plan_buckets(lens, m_max, eng.max_buckets, eng.bucket_overhead)
         stats.buckets = stats.buckets or len(plan)
@@ -544,7 +552,8 @@ class _FastState:
                 u = uid_of[key] = len(uniq)
                 uniq.append(r.ctx)
             row_uid.append(u)
-        leaf_kv, logits_u = _prefill_forest(fast, uniq, eng.pad_token_id, eng.prefill_chunk_tokens, stats)
+        leaf_kv, logits_u = _prefill_forest(fast, uniq, eng.pad_token_id, eng.prefill_chunk_tokens, stats,
+                                            eng.share_min_tokens)
         # copy each context's keys/values, right-aligned, into the cache rows of its requests
         targets: dict[tuple[int, int], list[int]] = {}
         for i, u in enumerate(row_uid):
@@ -566,29 +575,61 @@ class _FastState:
         return logits
 
     def compact(self, keep: torch.Tensor, j: int) -> None:
-        """Keep batch rows ``keep`` (sorted); copy only the cache columns written so far."""
-        new_buckets: list[Bucket] = []
-        start = 0
+        """Keep batch rows ``keep`` (sorted) before decode step ``j``; the caches are rebuilt for the
+        bucket plan that is best for the surviving rows (a tail of a few long rows ends in one
+        bucket), copying only the columns written so far, shifted to the new bucket's alignment."""
         keep_list = keep.tolist()
-        ki = 0
-        for b in self.buckets:
-            local = []
-            while ki < len(keep_list) and keep_list[ki] < b.start + b.n:
-                local.append(keep_list[ki] - b.start)
-                ki += 1
-            if not local:
-                continue
-            if len(local) == b.n:
-                new_buckets.append(Bucket(b.kv, b.mask, b.P, start, b.n))
-            else:
-                idx = torch.tensor(local, dtype=torch.long, device=b.kv.device)
-                written = b.P + j - 1
-                kv = torch.empty(b.kv.shape[0], 2, len(local), *b.kv.shape[3:], dtype=b.kv.dtype, device=b.kv.device)
-                kv[..., :written, :] = b.kv[:, :, idx, :, :written]
-                mask = None if b.mask is None else b.mask[idx]
-                new_buckets.append(Bucket(kv, mask, b.P, start, len(local)))
-            start += len(local)
+        ctx = [self.ctx[i] for i in keep_list]                  # sorted ascending, like the batch
+        if self.rebucket:
+            plan = plan_buckets(ctx, self.m_max - j, self.max_buckets, self.overhead)
+        else:                                                   # keep the old buckets (minus rows)
+            plan, r = [], 0
+            for b in self.buckets:
+                n = sum(1 for i in keep_list if b.start <= i < b.start + b.n)
+                if n:
+                    plan.append((r, r + n))
+                    r += n
+        # old bucket of each surviving row and its index there
+        old_of: list[tuple[int, int]] = []
+        bi = 0
+        for i in keep_list:
+            while i >= self.buckets[bi].start + self.buckets[bi].n:
+                bi += 1
+            old_of.append((bi, i - self.buckets[bi].start))
+        written = j - 1                                          # decoded tokens already in the cache
+        L, kvh, hd = self.fast.nlayers, self.fast.kvh, self.fast.hd
+        dev, dt = self.pos.device, self.fast.dtype
+        new_buckets: list[Bucket] = []
+        for s, e in plan:
+            P = ctx[e - 1]
+            W = P + self.m_max
+            kv = torch.empty(L, 2, e - s, kvh, W, hd, dtype=dt, device=dev)
+            r = s
+            while r < e:                                         # runs of rows from one old bucket
+                ob = old_of[r][0]
+                r2 = r
+                while r2 < e and old_of[r2][0] == ob:
+                    r2 += 1
+                old = self.buckets[ob]
+                # row data sits at [P_old - c, P_old + written) -> [P - c, P + written); c <= P
+                shift = P - old.P
+                lo = max(0, -shift)
+                src = [old_of[x][1] for x in range(r, r2)]
+                if src == list(range(src[0], src[0] + len(src))):
+                    block = old.kv[:, :, src[0]:src[0] + len(src), :, lo: old.P + written]
+                else:
+                    block = old.kv[:, :, torch.tensor(src, dtype=torch.long, device=dev), :, lo: old.P + written]
+                kv[:, :, r - s:r2 - s, :, lo + shift: P + written] = block
+                if shift > 0:
+                    kv[:, :, r - s:r2 - s, :, :shift].zero_()
+                r = r2
+            starts = torch.tensor([P - c for c in ctx[s:e]], dtype=torch.long, device=dev)
+            mask = None
+            if bool((starts > 0).any()):
+                mask = (torch.arange(W, device=dev)[None] >= starts[:, None])[:, None, None, :]
+            new_buckets.append(Bucket(kv=kv, mask=mask, P=P, start=s, n=e - s))
         self.buckets = new_buckets
+        self.ctx = ctx
         self.pos = self.pos[keep]
 
 

@@ -1,6 +1,6 @@
 """``ulorl-bench``: benchmarks.
 
-    ulorl-bench rollout                       # segment counts 1,2,4,8 x static/compact (~8 min, 2 cores)
+    ulorl-bench rollout                       # segment counts 1,2,4,8 x static/compact (5-9 min, 2 cores)
     ulorl-bench rollout --json > bench.json   # one JSON object on stdout (then: ulorl-sim validate bench.json)
     ulorl-bench rollout --seconds 20 --segments 1,4 --regimes static
 

@@ -48,7 +48,7 @@ class BenchConfig:
     max_len: int = 256                # global max response length (tokens); see the module docstring
     segments: tuple[int, ...] = (1, 2, 4, 8)
     regimes: tuple[str, ...] = ("static", "compact")
-    seconds: float = 40.0             # target measured seconds per setting (sets `steps` when None)
+    seconds: float = 60.0             # target measured seconds per setting (sets `steps` when None)
     steps: Optional[int] = None       # measured steps per setting, the same prompts for every setting
     rounds: int = 4                   # round-robin rounds over the settings
     warmup: Optional[int] = None      # warm-up steps per setting; None = S (fills the unfinished pool)
@@ -98,6 +98,7 @@ class StepRecord:
     carried_rows: int
     unfinished: int
     round: int = 0
+    admitted: int = 0
 
 
 @dataclass
@@ -135,7 +136,8 @@ def _run_step(st: _Setting, cfg: BenchConfig, record: bool, rnd: int = 0) -> flo
             row_slots=es.row_slots if es else 0, iterations=es.decode_iterations if es else 0,
             prefill_s=es.prefill_s if es else 0.0, prefill_tokens=es.prefill_tokens if es else 0,
             context_tokens=int(getattr(es, "context_tokens", 0) or 0) if es else 0,
-            batch_rows=res.batch_rows, carried_rows=res.carried_rows, unfinished=res.unfinished, round=rnd))
+            batch_rows=res.batch_rows, carried_rows=res.carried_rows, unfinished=res.unfinished, round=rnd,
+            admitted=res.admitted))
         st.lengths.extend(s.response_len for s in res.completed)
         st.group_lengths.extend([s.response_len for s in g] for g in res.groups)
         st.measured_s += wall
@@ -175,6 +177,10 @@ def summarize(st: _Setting) -> dict[str, Any]:
         "finished": done,
         "truncated": sum(r.truncated for r in recs),
         "mean_response_len": sum(st.lengths) / len(st.lengths) if st.lengths else None,
+        # steady state: finished/s == admitted/s; they differ by the pool change over the window
+        "admitted_per_s": sum(r.admitted for r in recs) / total if total > 0 else 0.0,
+        "pool_start": (recs[0].unfinished + recs[0].completed - recs[0].admitted) if recs else None,
+        "pool_end": recs[-1].unfinished if recs else None,
         "finished_per_s_rounds": per_round,
         "finished_per_s_se": se,
     }

@@ -29,18 +29,25 @@ FAIL_ENV = "ULORL_INJECT_FAILURE"   # "STEP:MARKER_PATH": fail once at STEP (tes
 
 
 # --------------------------------------------------------------------------- trial side
-def trial_fn(config: dict[str, Any]) -> None:
-    """Ray Tune function trainable: one full ``ulorl-train`` run with the trial's overrides."""
+def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Ray Tune function trainable: one full ``ulorl-train`` run with the trial's overrides.
+
+    ``config`` holds the searched keys (optuna) or ``__trial__`` (index into ``meta["grid"]``);
+    ``meta`` (bound with ``tune.with_parameters``) holds the sweep-wide settings.
+    """
     import ray.tune as tune
 
     from ulorl.train.trainer import Trainer
 
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()
-    meta = config["__ulorl__"]
+    meta = dict(meta)
+    if "__trial__" in config:
+        meta.update(meta["grid"][int(config["__trial__"])])
+        meta["tags"] = {**meta["tags"], **meta.get("trial_tags", {})}
     overrides = dict(meta["fixed"])
     overrides.update(meta.get("trial_overrides") or {})
-    overrides.update({k: v for k, v in config.items() if k != "__ulorl__"})
+    overrides.update({k: v for k, v in config.items() if k != "__trial__"})
     rep = int(meta.get("repeat", 0))
     base = meta["base_dict"]
     if rep:
@@ -218,7 +225,11 @@ class SweepRunner:
                           **({"train.max_steps": self.spec.stop.steps} if self.spec.stop.steps else {}),
                           **({"train.max_wall_s": self.spec.stop.wall_s} if self.spec.stop.wall_s else {})},
             }
-            trainable = tune.with_resources(trial_fn, {"cpu": self.spec.resources.cpu, "gpu": self.spec.resources.gpu})
+            if self.spec.search.algorithm == "grid":
+                meta["grid"] = [{"trial_overrides": t["overrides"], "variant": t["variant"], "repeat": t["repeat"],
+                                 "trial_tags": t["tags"]} for t in grid_trials(self.spec)]
+            trainable = tune.with_resources(tune.with_parameters(trial_fn, meta=meta),
+                                            {"cpu": self.spec.resources.cpu, "gpu": self.spec.resources.gpu})
             storage = str(self.sweep_dir / "tune")
             if self.resume and tune.Tuner.can_restore(os.path.join(storage, self.spec.name)):
                 tuner = tune.Tuner.restore(os.path.join(storage, self.spec.name), trainable,
@@ -242,10 +253,7 @@ class SweepRunner:
         single = len(spec.metrics) == 1
         tune_kwargs: dict[str, Any] = {"max_concurrent_trials": spec.max_concurrent}
         if spec.search.algorithm == "grid":
-            trials = grid_trials(spec)
-            metas = [{**meta, "trial_overrides": t["overrides"], "variant": t["variant"], "repeat": t["repeat"],
-                      "tags": {**meta["tags"], **t["tags"]}} for t in trials]
-            param_space = {"__ulorl__": tune.grid_search(metas)}
+            param_space = {"__trial__": tune.grid_search(list(range(len(meta["grid"]))))}
             tune_kwargs["num_samples"] = spec.num_samples
         else:
             import optuna
@@ -263,7 +271,8 @@ class SweepRunner:
             )
             tune_kwargs["search_alg"] = ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)
             tune_kwargs["num_samples"] = spec.num_samples
-            param_space = {"__ulorl__": meta, **_search_space(spec)}
+            tune_kwargs.pop("max_concurrent_trials")  # the limiter does it
+            param_space = _search_space(spec)
         if single:
             tune_kwargs["metric"] = spec.metrics[0]
             tune_kwargs["mode"] = spec.modes[0]
@@ -336,14 +345,16 @@ def print_ranking(summary: dict[str, Any], spec: SweepSpec, file: Any = sys.stdo
 
     rows = summary["ranking"]
     table = Table(title=f"sweep {spec.name}: trials ranked by {spec.metrics[0]} ({spec.modes[0]})")
-    cols = ["rank", "trial_id", "variant", "objective", "status"] + [k for k in schema.KEY_PARAMS if any(k in r for r in rows)]
+    varied = [k for k in schema.KEY_PARAMS if len({str(r.get(k)) for r in rows}) > 1 or k in spec.space]
+    cols = ["rank", "trial_id", "objective", "status"] + (["variant"] if any(r.get("variant") for r in rows) else [])
+    cols += [k for k in varied if any(k in r for r in rows)]
     for c in cols:
         table.add_column(c)
     for i, r in enumerate(rows, 1):
         vals = [str(i)] + [("-" if r.get(c) is None else (f"{r[c]:.4f}" if isinstance(r.get(c), float) else str(r.get(c))))
                            for c in cols[1:]]
         table.add_row(*vals)
-    console = Console(file=file)
+    console = Console(file=file, width=None if getattr(file, "isatty", lambda: False)() else 160)
     console.print(table)
     if summary["best"]:
         b = summary["best"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from ulorl.config import ConfigError, config_to_yaml, load_experiment
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ulorl-train: {exc}", file=sys.stderr)
             return 2
         raise
+    if os.environ.get("RANK", "0") != "0":
+        return 130 if result.interrupted else 0  # only rank 0 reports
     state = "interrupted (checkpoint saved; continue with --resume)" if result.interrupted else "finished"
     print(f"run {result.run_id} {state} after {result.steps} steps")
     print(f"  tracking: {result.tracking_uri}")

@@ -56,8 +56,9 @@ class TorchBackend:
     def step(self) -> float:
         params = [p for p in self.model.parameters() if p.requires_grad]
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if torch.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # a non-finite norm: no step, parameters untouched
         return float(norm)
 
     def zero_grad(self) -> None:

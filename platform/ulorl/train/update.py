@@ -174,6 +174,7 @@ def policy_update(
     acc: dict[str, float] = {}
     pg_loss_total = 0.0
     grad_norms: list[float] = []
+    refused = ""
     for mb_rows in split_minibatches(batch.group_ids.tolist(), train.updates_per_step):
         mb = batch.rows(mb_rows)
         mb_tokens = mb.num_response_tokens
@@ -200,19 +201,26 @@ def policy_update(
             )
             if not (dp.all_finite(loss) if dp is not None else torch.isfinite(loss)):
                 backend.zero_grad()
-                model.eval()
-                metrics["train/nonfinite"] = 1.0
-                return UpdateResult(False, metrics, reason=f"non-finite loss ({float(loss)}); update refused")
+                refused = f"non-finite loss ({float(loss.detach())}); update refused"
+                break
             backend.backward(loss if weight == 1.0 else loss * weight)
             if weight:
                 pg_loss_total += float(loss.detach())
                 _weighted(acc, m, sub.num_response_tokens / n_tokens)
-        norm = backend.step()
+        if refused:
+            break
+        norm = backend.step()  # backends skip the optimizer step when the norm is not finite
         if not math.isfinite(norm):
-            metrics["train/nonfinite"] = 1.0
-            model.eval()
-            return UpdateResult(False, metrics, reason=f"non-finite gradient norm ({norm}); update refused")
+            refused = f"non-finite gradient norm ({norm}); update refused"
+            break
         grad_norms.append(norm)
+    if refused:
+        metrics["train/nonfinite"] = 1.0
+        if not grad_norms:  # nothing was applied: the step is refused whole
+            model.eval()
+            return UpdateResult(False, metrics, reason=refused)
+        # earlier mini-batches already stepped: keep them (the weights changed), report the refusal
+        metrics["train/refused_minibatches"] = 1.0
     if dp is not None:
         pg_loss_total, acc = dp.reduce_loss_metrics(pg_loss_total, acc)
     model.eval()

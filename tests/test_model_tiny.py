@@ -74,6 +74,10 @@ def test_embedded_is_shipped() -> None:
     assert resolve_model_path("embedded") == str(d)
     for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "warmstart.json"):
         assert (d / f).is_file(), f"{f} missing from the shipped embedded model in {d}"
+    import json
+
+    # loadable by transformers 4.x too (5.x writes a class name 4.x does not know)
+    assert json.loads((d / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
     m, t = load_policy("embedded")
     assert type(m).__name__ == "Qwen3ForCausalLM" and t.padding_side == "left"
     assert 900_000 <= sum(p.numel() for p in m.parameters()) <= 1_200_000

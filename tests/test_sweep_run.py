@@ -87,9 +87,8 @@ def test_driver_killed_then_resume_has_no_duplicate_runs(tmp_path):
             break
         assert proc.poll() is None, "sweep ended before it could be killed"
         time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything in its session (Ray, mlflow server)
     proc.wait()
-    subprocess.run(["ray", "stop", "--force"], capture_output=True)
     out = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     state = (tmp_path / "out" / "sweeps" / "tiny" / "sweep_state.json").read_text()

@@ -358,6 +358,7 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
+    _portable_tokenizer_class(tmp)
     manifest = {
         "cache_key": cfg.cache_key(),
         "config": cfg.key_dict(),
@@ -380,6 +381,15 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
     tmp.rename(out_dir)
     rep.log(f"{status} after {step} steps, acc {acc:.3f}, {manifest['train_s']}s -> {out_dir}")
     return manifest
+
+
+def _portable_tokenizer_class(folder: Path) -> None:
+    """transformers 5 writes ``TokenizersBackend``, unknown to 4.x; ``PreTrainedTokenizerFast``
+    loads the same tokenizer in both."""
+    f = folder / "tokenizer_config.json"
+    cfg = json.loads(f.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    f.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def ensure_warmstart(

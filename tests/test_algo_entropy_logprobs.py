@@ -193,4 +193,6 @@ def test_chunked_peak_memory_stays_below_one_full_float32_copy():
     # grad is 64), one-chunk control ~470. A single float32 [N x V] copy is 128 MiB.
     assert d_ent < 64, (d_ent, d_grad, d_full)
     assert d_grad < 64 + 48, (d_ent, d_grad, d_full)
-    assert d_full > 128, (d_ent, d_grad, d_full)  # the measurement does see full-size temporaries
+    # the measurement does see full-size temporaries: the control's peak exceeds the chunked one by
+    # at least half a float32 copy (its absolute value depends on the peak already reached at import)
+    assert d_full > d_ent + 64, (d_ent, d_grad, d_full)

@@ -264,7 +264,7 @@ def test_tables_pick_up_real_training_runs(tmp_path: Path, empty_db: Path) -> No
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     quickstart = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
     common = [f"model.name_or_path={model_dir}", "train.max_steps=2", "rollout.max_response_len=64",
-              "rollout.prompts_per_step=2", "rollout.group_size=4", "eval.every=0", f"tracking.uri={uri}",
+              "rollout.prompts_per_step=2", "rollout.group_size=4", "eval.every=0", f"tracking.uri={uri}", "algo.dynamic_sampling=false",
               f"train.output_dir={tmp_path / 'runs'}", "train.threads=1"]
     r1 = train(load_experiment(quickstart, common + ["rollout.segments=2", "tracking.paper_ref=table1"]), progress=False)
     r2 = train(load_experiment(quickstart, common + ["rollout.segments=1", "algo.mpt.mode=dynamic",

@@ -1,6 +1,6 @@
 """``ulorl-bench``: benchmarks.
 
-    ulorl-bench rollout                       # segment counts 1,2,4,8 x static/compact (5-9 min, 2 cores)
+    ulorl-bench rollout                       # segment counts 1,2,4,8 x static/compact (5-8 min, 2 cores)
     ulorl-bench rollout --json > bench.json   # one JSON object on stdout (then: ulorl-sim validate bench.json)
     ulorl-bench rollout --seconds 20 --segments 1,4 --regimes static
 
@@ -62,14 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-len", type=int, default=d.max_len, help="global max response length")
     r.add_argument("--segments", default=",".join(map(str, d.segments)), help="segment counts S")
     r.add_argument("--regimes", default=",".join(d.regimes), help="batching regimes")
-    r.add_argument("--warmup", type=int, default=None, help="warm-up steps per setting (default: S)")
+    r.add_argument("--warmup", type=int, default=None, help="warm-up steps per setting (unset: S, which fills the unfinished pool)")
     r.add_argument("--threads", type=int, default=d.threads,
                    help="torch threads (0 = torch's default; 1 is robust on a shared 2-core machine)")
     r.add_argument("--model", default=d.model, help="'embedded' or a local model folder")
     r.add_argument("--seed", type=int, default=d.seed, help="prompt order and sampling seed")
     r.add_argument("--temperature", type=float, default=d.temperature)
     r.add_argument("--cost-rows", default=",".join(map(str, d.cost_rows)), help="rows of the cost curve")
-    r.add_argument("--cost-contexts", default=None, help="contexts of the cost curve (default 64,L/2,L+64)")
+    r.add_argument("--cost-contexts", default=None, help="contexts of the cost curve (unset: 64,L/2,L+64)")
     r.add_argument("--out", default=None, help="also write the JSON object to this file")
     return p
 

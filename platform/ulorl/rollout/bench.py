@@ -48,7 +48,7 @@ class BenchConfig:
     max_len: int = 256                # global max response length (tokens); see the module docstring
     segments: tuple[int, ...] = (1, 2, 4, 8)
     regimes: tuple[str, ...] = ("static", "compact")
-    seconds: float = 60.0             # target measured seconds per setting (sets `steps` when None)
+    seconds: float = 50.0             # target measured seconds per setting (sets `steps` when None)
     steps: Optional[int] = None       # measured steps per setting, the same prompts for every setting
     rounds: int = 4                   # round-robin rounds over the settings
     warmup: Optional[int] = None      # warm-up steps per setting; None = S (fills the unfinished pool)

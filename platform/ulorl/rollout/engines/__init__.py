@@ -36,8 +36,8 @@ def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any) -> Engine:
     """Build the engine named by ``rollout_cfg.engine`` (a ``ulorl.config.RolloutConfig``).
 
     ``hf``: ``HFEngine`` over ``model`` with the tokenizer's EOS / pad ids, ``rollout.device`` and
-    ``rollout.batching``. ``vllm``: ``ulorl.rollout.engines.vllm.VLLMEngine(rollout_cfg, model,
-    tokenizer)``; raises ``MissingExtraError`` when vLLM is not installed.
+    ``rollout.batching``. ``vllm``: ``ulorl.rollout.engines.vllm.VLLMEngine.from_config(rollout_cfg,
+    model, tokenizer)``; raises ``MissingExtraError`` when vLLM is not installed.
     """
     name = getattr(rollout_cfg, "engine", None)
     if name == "hf":

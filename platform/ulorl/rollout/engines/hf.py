@@ -7,10 +7,13 @@
 
 One ``generate`` call decodes every request in one batch (or ``max_batch_rows`` at a time):
 
-1. **Prefill.** Each distinct context ``prompt_ids + prefix_ids`` is prefilled once under the
-   current weights (the G new samples of a prompt share one prefill; continuations are
-   re-prefilled, never reused across calls, so a weight update can never leak stale keys).
-   Contexts are sorted by length and prefilled in length-homogeneous chunks (little padding).
+1. **Prefill.** Contexts ``prompt_ids + prefix_ids`` are re-prefilled under the current weights
+   at every call (nothing is reused across calls, so a weight update can never leak stale keys).
+   Within a call, shared prefixes are prefilled once: the distinct contexts form a prefix forest
+   (``prefix_forest``; the G new samples of a prompt are one context, continuations of one
+   prompt share the prompt and any common response prefix), pruned to the shares that pay
+   (``share_plan``), prefilled level by level after their parent's keys/values. Matmuls run on
+   the real tokens only (packed); attention on length-sorted, little-padded chunks.
 2. **Buckets.** Rows are grouped by context length into a few buckets; each bucket owns a
    PREALLOCATED cache ``[L, 2, rows, kv_heads, width, head_dim]`` whose width is its own longest
    context plus the decode budget, and attention runs per bucket — a short new prompt never pays
@@ -19,8 +22,9 @@ One ``generate`` call decodes every request in one batch (or ``max_batch_rows`` 
 3. **Decode loop** (one token per row per iteration), in one of two regimes:
    - ``static``: a row keeps its slot until every row of the batch is done (EOS or budget), so an
      iteration costs the same however many rows finished — synchronous RL on a GPU;
-   - ``compact``: finished rows leave the batch: the caches are physically shrunk (copying only
-     the columns written so far) once at least ``compact_min_frac`` of the rows are done.
+   - ``compact``: finished rows leave the batch: once at least ``compact_min_frac`` of the rows
+     are done, the caches are rebuilt for the surviving rows (copying only the columns written
+     so far) under the bucket plan that is best for them.
 
 Sampling (``sampling.py``): temperature / top-k / top-p / greedy, one counter-based uniform per
 (request seed, response position), so results do not depend on batch composition or regime.

@@ -31,6 +31,8 @@ Everything here is numpy and pure (no I/O except ``load_lengths``). The studies 
 
 from __future__ import annotations
 
+import abc
+
 import json
 import math
 from dataclasses import asdict, dataclass, field, replace
@@ -111,15 +113,16 @@ class CostModel:
 # ----------------------------------------------------------------------------- lengths
 
 
-class LengthDist:
+class LengthDist(abc.ABC):
     """Natural response lengths (tokens up to and including EOS; may exceed any max), by group."""
 
+    @abc.abstractmethod
     def sample(self, rng: np.random.Generator, n_groups: int, group_size: int) -> np.ndarray:
         """[n_groups, group_size] int64 lengths >= 1."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """JSON-able parameters of the law."""
 
     def frac_within(self, x: float, n: int = 200_000, seed: int = 0) -> float:
         """Monte Carlo P(L <= x)."""

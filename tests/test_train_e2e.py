@@ -68,6 +68,8 @@ def test_run_logs_every_metric_at_every_updating_step(tmp_path):
     assert {"config", "checkpoints"} <= arts
     samples = [a.path for a in client.list_artifacts(res.run_id, "samples")]
     assert samples, "no sampled responses logged"
+    evals = {a.path for a in client.list_artifacts(res.run_id, "eval")}
+    assert {"eval/heldout_per_problem_step_000002.csv", "eval/heldout_per_problem_step_000004.csv"} <= evals
 
 
 def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -386,6 +386,9 @@ class Trainer:
             bench_name="heldout" if self.cfg.data.heldout == "embedded" else Path(self.cfg.data.heldout).stem,
             progress=False,
         )
+        if self.tracker is not None:
+            bench = "heldout" if self.cfg.data.heldout == "embedded" else Path(self.cfg.data.heldout).stem
+            self.tracker.log_text(result.per_problem_csv(), f"eval/{bench}_per_problem_step_{self.step:06d}.csv")
         return result.metrics()
 
     # ------------------------------------------------------------------ loop

@@ -88,6 +88,11 @@ def build_train_batch(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     )
 
 
+def scatter_rows(full: torch.Tensor, rows: list[int], part: torch.Tensor) -> None:
+    """Write a sub-batch's values [b, l] into rows ``rows`` of a full-batch tensor [B, L] (l <= L)."""
+    full[torch.tensor(rows, dtype=torch.long), : part.shape[1]] = part
+
+
 def micro_batches(batch: TrainBatch, token_budget: int) -> list[list[int]]:
     """Split rows into micro-batches whose padded size (rows x longest row) stays within budget.
 

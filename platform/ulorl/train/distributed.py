@@ -248,6 +248,7 @@ class DataParallel:
         """Sharded ``current_token_stats``: (log-probs, entropy), each Float[B, L-1] on cpu, full batch."""
         import torch.distributed as td
 
+        from ulorl.train.batch import scatter_rows
         from ulorl.train.update import current_token_stats
 
         lp = torch.zeros(batch.targets.shape, dtype=torch.float32)
@@ -255,10 +256,8 @@ class DataParallel:
         for rows, weight in self.micro_batches(batch, token_budget):
             sub_lp, sub_ent = current_token_stats(model, batch.rows(rows), temperature, token_budget, device, bf16)
             if weight:
-                width = sub_lp.shape[1]
-                idx = torch.tensor(rows, dtype=torch.long)
-                lp[idx, :width] = sub_lp
-                ent[idx, :width] = sub_ent
+                scatter_rows(lp, rows, sub_lp)
+                scatter_rows(ent, rows, sub_ent)
         both = torch.stack([lp, ent])
         td.all_reduce(both, op=td.ReduceOp.SUM, group=self.group)  # rows are disjoint across ranks
         return both[0], both[1]

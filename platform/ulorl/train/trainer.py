@@ -344,8 +344,7 @@ class Trainer:
         dt = time.perf_counter() - t0
         self.pending_prompts = list(res.deferred_prompts)
         m = res.metrics()
-        done = [s for s in res.completed]
-        rewards = [float(s.reward or 0.0) for s in done]
+        rewards = [float(s.reward or 0.0) for s in res.completed]
         st = res.engine_stats
         useful = st.useful_tokens if st and st.useful_tokens else res.decoded_tokens
         slots = st.row_slots if st and st.row_slots else 0
@@ -373,6 +372,7 @@ class Trainer:
         from ulorl.eval.runner import evaluate
 
         e = self.cfg.eval
+        bench = "heldout" if self.cfg.data.heldout == "embedded" else Path(self.cfg.data.heldout).stem
         items = self.heldout_items[: e.num_problems] if e.num_problems else self.heldout_items
         sampling = SamplingParams(temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, seed=e.seed)
         result = evaluate(
@@ -383,11 +383,10 @@ class Trainer:
             sampling=sampling,
             max_new_tokens=e.max_new_tokens or self.cfg.rollout.max_response_len,
             scorer=self.scorer,
-            bench_name="heldout" if self.cfg.data.heldout == "embedded" else Path(self.cfg.data.heldout).stem,
+            bench_name=bench,
             progress=False,
         )
         if self.tracker is not None:
-            bench = "heldout" if self.cfg.data.heldout == "embedded" else Path(self.cfg.data.heldout).stem
             self.tracker.log_text(result.per_problem_csv(), f"eval/{bench}_per_problem_step_{self.step:06d}.csv")
         return result.metrics()
 

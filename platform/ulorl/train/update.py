@@ -29,7 +29,7 @@ from ulorl.algo import (
 from ulorl.config import AlgoConfig, TrainConfig
 from ulorl.rollout.types import Sample
 from ulorl.train.backend import TrainBackend
-from ulorl.train.batch import TrainBatch, build_train_batch, micro_batches
+from ulorl.train.batch import TrainBatch, build_train_batch, micro_batches, scatter_rows
 
 
 @dataclass
@@ -75,10 +75,8 @@ def current_token_stats(
         with autocast_ctx(bf16, device):
             logits = forward_logits(model, sub, device)
         sub_lp, sub_ent = logprobs_and_entropy(logits, sub.targets.to(device), temperature)
-        width = sub.targets.shape[1]
-        idx = torch.tensor(rows, dtype=torch.long)
-        lp[idx, :width] = sub_lp.float().cpu()
-        ent[idx, :width] = sub_ent.float().cpu()
+        scatter_rows(lp, rows, sub_lp.float().cpu())
+        scatter_rows(ent, rows, sub_ent.float().cpu())
     return lp * batch.response_mask, ent * batch.response_mask
 
 

@@ -69,8 +69,8 @@ def test_two_ranks_train_log_once_and_checkpoint_both_shards(tmp_path, model_arg
     run_dir = tmp_path / "run"
     out = torchrun_train(tmp_path, model_arg, run_dir, "train.max_steps=2")
     run_id = (run_dir / "mlflow_run_id").read_text().strip()
-    # both ranks report the same run (rank 1 returns what rank 0 sent with "stop")
-    assert out.stdout.count(f"run {run_id} finished after 2 steps") == 2, out.stdout
+    # only rank 0 prints the run summary (ulorl.cli.train); rank 1 exits quietly with status 0
+    assert out.stdout.count(f"run {run_id} finished after 2 steps") == 1, out.stdout
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert [r.info.run_id for r in runs] == [run_id], "only rank 0 may create an MLflow run"

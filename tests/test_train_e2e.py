@@ -64,6 +64,11 @@ def test_run_logs_every_metric_at_every_updating_step(tmp_path):
         hist = _history(client, res.run_id, key)
         assert set(updated) <= set(hist), (key, updated, sorted(hist))
     assert set(_history(client, res.run_id, "eval/heldout/avg_at_k")) >= {2, 4}
+    # S = 4: the cohort admitted at step 1 has completed by step 4 and is logged at step 1
+    cohort = _history(client, res.run_id, schema.COHORT_REWARD_METRIC)
+    assert 1 in cohort and set(cohort) <= {1, 2, 3, 4}
+    assert all(0.0 <= v <= 1.0 for v in cohort.values())
+    assert set(_history(client, res.run_id, schema.COHORT_LEN_METRIC)) == set(cohort)
     arts = {a.path for a in client.list_artifacts(res.run_id)}
     assert {"config", "checkpoints"} <= arts
     samples = [a.path for a in client.list_artifacts(res.run_id, "samples")]
@@ -104,6 +109,9 @@ def test_exact_resume_matches_straight_run(tmp_path):
     assert res.run_id == half.run_id
     steps = [m.step for m in client.get_metric_history(res.run_id, "time/step_s")]
     assert sorted(steps) == list(range(1, n + 1))
+    # cohorts straddling the stop were checkpointed: the same cohort points as the straight run
+    cohort = _history(client, straight.run_id, schema.COHORT_REWARD_METRIC)
+    assert cohort and _history(client, res.run_id, schema.COHORT_REWARD_METRIC) == cohort
 
 
 def test_resume_after_kill_9(tmp_path):

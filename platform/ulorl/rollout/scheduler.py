@@ -114,6 +114,7 @@ class RolloutStepResult:
     staleness_max: int
     engine_stats: Optional[EngineStats] = None
     totals: dict[str, int] = field(default_factory=dict)
+    dropped_samples: list[Sample] = field(default_factory=list)
 
     @property
     def released_groups(self) -> int:
@@ -336,6 +337,7 @@ class SegmentScheduler:
             staleness_max=max((s.staleness for s in batch), default=0),
             engine_stats=stats if isinstance(stats, EngineStats) else None,
             totals=pools.counters(),
+            dropped_samples=dropped,
         )
 
     def _check_results(self, requests: list[GenerationRequest], results: list[GenerationResult]) -> None:

@@ -46,6 +46,11 @@ ROLLOUT_METRICS: tuple[str, ...] = (
 # Logged only at steps where some sample finished (EOS or truncated): mean reward of those samples,
 # i.e. rollout accuracy, the learning-curve metric.
 ROLLOUT_REWARD_METRIC = "rollout/reward_mean"
+# Admission-cohort reward (``ulorl.train.cohorts``): mean reward (and response length) of all G x
+# prompts samples admitted at step k, logged at step k once the last of them completed (up to S - 1
+# steps later). Free of the finish-order bias of rollout/reward_mean under segment rollout.
+COHORT_REWARD_METRIC = "rollout/cohort_reward_mean"
+COHORT_LEN_METRIC = "rollout/cohort_response_len_mean"
 POOL_METRICS: tuple[str, ...] = ("pool/unfinished", "pool/experience", "pool/staleness_max")
 TIME_METRICS: tuple[str, ...] = ("time/rollout_s", "time/train_s", "time/step_s", "time/wall_s")
 SKIPPED_METRIC = "train/skipped"

@@ -33,6 +33,7 @@ from ulorl.tracking.run import RunTracker
 from ulorl.tracking import schema
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
+from ulorl.train.cohorts import CohortRewards
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.update import policy_update, segment_logprobs
 
@@ -153,6 +154,7 @@ class Trainer:
         self.stop = _StopFlag()
         self.run_id: Optional[str] = None
         self._pending_metrics: list[list[Any]] = []
+        self.cohorts = CohortRewards()
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -275,6 +277,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "pending_prompts": [p.__dict__ for p in self.pending_prompts],
             "last_eval": self.last_eval,
+            "cohorts": self.cohorts.state_dict(),
             "pending_metrics": self.tracker.pending() if self.tracker is not None else [],
             "config": self.cfg.model_dump(mode="json"),
         }
@@ -314,6 +317,7 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.pending_prompts = [PromptRequest(**p) for p in state.get("pending_prompts", [])]
         self.last_eval = state.get("last_eval", {})
+        self.cohorts.load_state_dict(state.get("cohorts", {}))
         self._pending_metrics = state.get("pending_metrics", [])
         ckpt_io.load_rng(path)
         self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
@@ -360,6 +364,7 @@ class Trainer:
         m.setdefault("rollout/response_len_max", 0.0)
         if rewards:
             m["rollout/reward_mean"] = sum(rewards) / len(rewards)
+        self._track_cohorts(res)
         rs = self.scorer.stats
         m["reward/timeouts"] = float(rs.get("timeouts", 0))
         m["reward/no_answer"] = float(rs.get("no_answer", 0))
@@ -367,6 +372,19 @@ class Trainer:
             m["reward/judge_calls"] = float(rs.get("judge_calls", 0))
             m["reward/judge_flips"] = float(rs.get("judge_flips", 0))
         return res, m
+
+    def _track_cohorts(self, res: Any) -> None:
+        """Admission-cohort reward (``ulorl.train.cohorts``), logged at the cohort's own step."""
+        offset = self.step - res.step            # trainer steps count from 1, the scheduler's from 0
+        self.cohorts.admit(self.step, res.admitted)
+        for s in res.completed:
+            self.cohorts.complete(s.created_step + offset, float(s.reward or 0.0), s.response_len)
+        for s in res.dropped_samples:
+            self.cohorts.complete(s.created_step + offset, None, 0)
+        for c in self.cohorts.pop_closed():
+            if self.tracker is not None:
+                self.tracker.add_metrics({schema.COHORT_REWARD_METRIC: c.reward_mean,
+                                          schema.COHORT_LEN_METRIC: c.response_len_mean}, c.step)
 
     def _eval(self) -> dict[str, float]:
         from ulorl.eval.runner import evaluate

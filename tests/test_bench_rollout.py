@@ -33,7 +33,7 @@ def test_iters_per_finished_drop_with_segments_in_static_regime():
     cfg = BenchConfig(prompts=4, group=4, max_len=64, segments=(1, 2, 4), regimes=("static",),
                       seconds=0.02, rounds=2, warmup=None)
     lines: list[str] = []
-    results, lengths, groups = run_settings(
+    results, lengths, groups, prefix = run_settings(
         cfg, lambda regime: ScriptedEngine(max_len=64, length_fn=long_tail_length), prompts,
         progress=lines.append)
     assert [r["segments"] for r in results] == [1, 2, 4]
@@ -47,6 +47,13 @@ def test_iters_per_finished_drop_with_segments_in_static_regime():
     assert results[0]["mean_unfinished"] == 0 and results[2]["mean_unfinished"] > 0
     assert results[0]["ratio_vs_s1"] == 1.0
     assert lengths and max(lengths) == 60 and all(len(g) == 4 for g in groups)
+    # prefix records: one per released group, lengths in lexicographic order of the responses
+    recs, pp = prefix["group_prefix"], prefix["prefix_prompts"]
+    assert len(recs) == len(groups) and [sorted(r["lengths"]) for r in recs] == [sorted(g) for g in groups]
+    assert all(len(r["lcp"]) == 3 and all(0 <= x <= min(u, v) for x, u, v in
+                                          zip(r["lcp"], r["lengths"], r["lengths"][1:])) for r in recs)
+    assert {tuple(p) for p in pp} <= {(i, 7, 9) for i in range(64)}
+    assert [p[0] for p in pp] == sorted(p[0] for p in pp)        # numbered in the bench's prompt order
     assert any("warm-up" in m for m in lines) and any("round 2/2" in m for m in lines)
 
 
@@ -107,9 +114,18 @@ def test_cli_json_is_one_object_with_the_schema(tiny_model_dir, capsys):
     assert all(p["ms_per_iter"] > 0 for p in out["cost_curve"])
     assert out["prefill_ms_per_token"] > 0
     assert out["lengths"] and all(1 <= x <= 16 for x in out["lengths"])
+    assert cfg["share_min_tokens"] == 64 and cfg["max_batch_rows"] is None
+    recs = out["group_prefix"]
+    assert len(recs) == len(out["group_lengths"]) and recs
+    for r, g in zip(recs, out["group_lengths"]):
+        assert sorted(r["lengths"]) == sorted(g) and len(r["lcp"]) == len(g) - 1
+        assert all(0 <= x <= min(a, b) for x, a, b in zip(r["lcp"], r["lengths"], r["lengths"][1:]))
+        assert 0 <= r["prompt"] < len(out["prefix_prompts"])
+    from ulorl.report.simulator import parse_lengths
+    assert parse_lengths(out, "bench").has_prefix_structure       # the simulator reads it back
     assert "warm-up" in cap.err and "cost curve" in cap.err   # progress on stderr
     text = format_report(out)
-    assert "regime static:" in text and "decode forward cost" in text
+    assert "regime static:" in text and "decode forward cost" in text and "prefix records" in text
 
 
 def test_cli_bad_flag_is_a_clear_error(capsys):

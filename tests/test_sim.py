@@ -235,7 +235,7 @@ def test_validate_fits_the_per_bucket_cost_of_a_bucketed_engine():
     bench = synthetic_bench(truth, dist, max_len=256, prompts_per_step=16, group_size=8, prompt_len=18,
                             context="bucket", share_prompt_prefill=True, compact_min_frac=0.125,
                             prompt_lens=[9, 12, 18, 18, 25, 60], steps=80, seed=2)
-    out = run_validate(bench, steps=80, seed=2)           # default free terms: scale + bucket
+    out = run_validate(bench, steps=80, seed=2, free=("scale", "bucket"))
     fit = out["s1_fit"]
     assert fit["free"] == ["scale", "bucket"]
     assert fit["prefill_ms_per_token"] == pytest.approx(0.2, rel=1e-9)

@@ -114,7 +114,8 @@ def _print_validate(out: dict[str, Any]) -> None:
           f"{s1['overhead_ms']:.1f} ms/step, extra bucket {s1['bucket_iter_ms']:.3f} ms/iteration; prefill "
           f"{s1['prefill_ms_per_token']:.4g} ms/token (from the {src}"
           + ("" if curve_p is None else f"; the prefill curve says {curve_p:.4g}") + ")")
-    print(f"engine model: {json.dumps(out['engine_traits'])}")
+    print(f"engine model: {json.dumps(out['engine_traits'])}; prefill tokens counted by "
+          f"{out.get('prefill_count', 'contexts')}")
     L = out["lengths"]
     print(f"lengths: {L['n']} observed ({L['groups'] or 'no'} groups), mean {L['mean']:.1f}, median {L['p50']:.0f}, "
           f"max {L['max']}")
@@ -238,9 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--free", default=None,
                    help="terms fitted on the S=1 rows (after the cost curve): any two of scale (factor on the "
                         "curve), overhead (ms/step), bucket (ms per extra context bucket per iteration); "
-                        "default scale,bucket for a bucketed engine, else scale,overhead")
-    v.add_argument("--prefill-from", choices=["s1", "curve"], default="s1",
-                   help="prefill ms/token from the in-run S=1 prefill share (default) or the bench's prefill curve")
+                        "default scale,overhead: the static and compact S=1 rows separate them well, while at "
+                        "S=1 the batch has about one context bucket, so bucket is ill-determined there")
+    v.add_argument("--prefill-from", choices=["auto", "curve", "s1"], default="auto",
+                   help="prefill ms/token: auto (default) = the bench's prefill microbenchmark (prefill_curve) "
+                        "when present, else the in-run S=1 prefill share; curve / s1 force one. The S=1 share "
+                        "is ill-conditioned: prefill is ~1-3%% of an S=1 step over ~2 tokens per finished "
+                        "sample, so per-call costs get charged to tokens and then extrapolated to S=8")
     v.add_argument("--strict", action="store_true", help="exit 1 when the check fails")
     common(v, 400)
 
@@ -276,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="attention context per row: padded batch, own (paged, vLLM) or bucketed (hf engine)")
     pl.add_argument("--share-prompt-prefill", action="store_true",
                     help="the G samples of a new prompt share one prefill (hf engine, vLLM prefix cache)")
+    pl.add_argument("--share-min-tokens", type=int, default=None,
+                    help="hf engine prefix-forest prefill (its share_min_tokens, 64): with --lengths from a "
+                         "bench JSON that has group_prefix, count prefill tokens exactly as the engine does")
     pl.add_argument("--compact-min-frac", type=float, default=0.0,
                     help="compact regime: drop finished rows once this share is done (hf engine: 0.125)")
     pl.add_argument("--segments", default=None, help="candidates, default 1,2,4,8,16 (those <= max-len)")
@@ -337,7 +345,7 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
                             segments=segs, regimes=regimes, prompt_len=args.prompt_len, context=args.context,
                             steps=args.steps, seed=args.seed, near=args.near,
                             share_prompt_prefill=args.share_prompt_prefill, compact_min_frac=args.compact_min_frac,
-                            progress=_progress)
+                            share_min_tokens=args.share_min_tokens, progress=_progress)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

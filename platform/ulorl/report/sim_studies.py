@@ -53,10 +53,12 @@ def bench_setup(config: dict[str, Any], segments: int, regime: str,
     """``RolloutSetup`` from a bench ``config`` object (``BENCH_CONFIG_KEYS``).
 
     Engine traits default to the engine the bench names: hf fast path (``engine_backend: fast``)
-    = bucketed contexts, shared prompt prefill, compaction at 1/8 of rows done; hf fallback =
-    one padded cache, no sharing; vllm = per-row contexts, shared prefix, immediate compaction.
-    Config keys ``context_mode``, ``share_prompt_prefill``, ``compact_min_frac``, ``max_buckets``
-    and ``bucket_overhead`` override them, and ``context`` overrides ``context_mode``.
+    = bucketed contexts, prefix-forest prefill with ``share_min_tokens`` 64 (counted exactly when
+    the bench recorded ``group_prefix``; else shared prompt prefill), compaction at 1/8 of rows
+    done; hf fallback = one padded cache, no sharing; vllm = per-row contexts, shared prefix,
+    immediate compaction. Config keys ``context_mode``, ``share_prompt_prefill``,
+    ``share_min_tokens``, ``compact_min_frac``, ``max_buckets`` and ``bucket_overhead`` override
+    them, and ``context`` overrides ``context_mode``.
     """
     def need(*names: str) -> Any:
         for n in names:
@@ -66,15 +68,20 @@ def bench_setup(config: dict[str, Any], segments: int, regime: str,
     engine = str(config.get("engine") or "hf")
     backend = str(config.get("engine_backend") or "fast")
     if engine == "vllm":
-        traits: dict[str, Any] = {"context": "row", "share_prompt_prefill": True, "compact_min_frac": 0.0}
+        traits: dict[str, Any] = {"context": "row", "share_prompt_prefill": True, "compact_min_frac": 0.0,
+                                  "share_min_tokens": None}
     elif backend == "fast":
-        traits = {"context": "bucket", "share_prompt_prefill": True, "compact_min_frac": 0.125}
+        traits = {"context": "bucket", "share_prompt_prefill": True, "compact_min_frac": 0.125,
+                  "share_min_tokens": 64}
     else:
-        traits = {"context": "padded", "share_prompt_prefill": False, "compact_min_frac": 0.125}
+        traits = {"context": "padded", "share_prompt_prefill": False, "compact_min_frac": 0.125,
+                  "share_min_tokens": None}
     for key, cfg_key in (("context", "context_mode"), ("share_prompt_prefill", "share_prompt_prefill"),
                          ("compact_min_frac", "compact_min_frac")):
         if config.get(cfg_key) is not None:
             traits[key] = config[cfg_key]
+    if "share_min_tokens" in config:            # null = no prefix forest
+        traits["share_min_tokens"] = None if config["share_min_tokens"] is None else int(config["share_min_tokens"])
     if context is not None:
         traits["context"] = context
     return RolloutSetup(
@@ -94,18 +101,37 @@ def bench_setup(config: dict[str, Any], segments: int, regime: str,
 
 BENCH_CONFIG_KEYS = ("max_response_len", "prompts_per_step", "group_size", "prompt_len_mean", "prompt_lengths", "engine",
                      "engine_backend", "min_ready_groups", "context_mode", "share_prompt_prefill",
-                     "compact_min_frac", "max_buckets", "bucket_overhead")
+                     "compact_min_frac", "max_buckets", "bucket_overhead", "share_min_tokens")
+
+
+DEFAULT_FREE = ("scale", "overhead")
 
 
 def run_validate(bench: dict[str, Any], *, context: Optional[ContextMode] = None, steps: int = 400, seed: int = 0,
                  tolerance: float = 0.15, free: Optional[Sequence[str]] = None,
-                 prefill_from: Literal["s1", "curve"] = "s1", progress: Optional[Any] = None) -> dict[str, Any]:
+                 prefill_from: Literal["auto", "s1", "curve"] = "auto",
+                 progress: Optional[Any] = None) -> dict[str, Any]:
     """Check (a): fit on the cost curve and the S = 1 rows only, predict every other row.
 
-    ``free``: terms ``fit_s1`` calibrates on the two S = 1 rows; default ``scale`` + ``bucket`` for a
-    bucketed engine (its one-bucket cost curve misses the per-bucket attention calls), else
-    ``scale`` + ``overhead``. A row's error is also given in units of the bench's standard error
-    of finished/s (``finished_per_s_se``) where present.
+    Prefill cost per token (``prefill_from``): ``auto`` (default) = the bench's prefill
+    microbenchmark (``prefill_curve``, fitted as ``ms = call + p * tokens``) whenever the bench has
+    one, else the in-run S = 1 prefill share; ``curve`` / ``s1`` force one. Why the curve: at
+    S = 1 prefill is only ~1-3 % of a step and ~2 tokens per finished sample, and the engine's
+    measured prefill time includes per-call costs (cache allocation, bucket planning, first
+    sampling), so ``prefill share x step time / tokens`` charges those fixed costs to tokens —
+    an ill-conditioned estimate that is then extrapolated ~30x to S = 8, where re-prefill is ~40 %
+    of the step. The curve measures several sizes and separates the per-call intercept.
+
+    ``free``: terms ``fit_s1`` calibrates on the S = 1 rows (one per regime); default
+    ``DEFAULT_FREE`` = ``scale`` (factor on the isolated cost curve: in-run memory / cache effects)
+    + ``overhead`` (ms per step: scheduler bookkeeping, the prefill call's intercept, sampling
+    setup) — the two terms that the static and compact S = 1 rows separate well, since their
+    decode costs differ ~4x while per-step costs are alike. ``bucket`` (ms per extra context
+    bucket per iteration) is an option: at S = 1 all contexts are short new prompts, the batch has
+    about one bucket, so its column is nearly empty there and its fit is ill-determined.
+
+    A row's error is also given in units of the bench's standard error of finished/s
+    (``finished_per_s_se``) where present.
     """
     for key in ("results", "cost_curve", "config"):
         if key not in bench:
@@ -129,14 +155,18 @@ def run_validate(bench: dict[str, Any], *, context: Optional[ContextMode] = None
     p_curve, prefill_fit = None, None
     if bench.get("prefill_curve"):
         p_curve, prefill_fit = fit_prefill_curve(bench["prefill_curve"])
+    if prefill_from not in ("auto", "s1", "curve"):
+        raise ValueError(f"prefill_from must be 'auto', 's1' or 'curve', got {prefill_from!r}")
     if prefill_from == "curve" and p_curve is None:
         raise ValueError("prefill_from='curve' but BENCH.json has no 'prefill_curve'")
     s1_prefill = sum(float(traces[(1, reg)].features[:, 3].sum()) for reg in s1)
     s1_frac = any((m.get("prefill_frac") or 0) > 0 for m in s1.values())
-    use_curve = prefill_from == "curve" or (p_curve is not None and not (s1_prefill > 0 and s1_frac))
+    if prefill_from == "s1":
+        use_curve = p_curve is not None and not (s1_prefill > 0 and s1_frac)   # s1 impossible: curve
+    else:
+        use_curve = p_curve is not None
     if free is None:
-        bucketed = any(st.context == "bucket" for st in setups.values())
-        free = ("scale", "bucket") if bucketed else ("scale", "overhead")
+        free = DEFAULT_FREE
     cost, s1_fit = fit_s1(decode, {reg: traces[(1, reg)] for reg in s1}, s1, free=free,
                           prefill_ms_per_token=p_curve if use_curve else None)
     s1_fit["prefill_from"] = "prefill_curve" if use_curve else "s1_prefill_frac"
@@ -174,7 +204,12 @@ def run_validate(bench: dict[str, Any], *, context: Optional[ContextMode] = None
         "prefill_curve_fit": prefill_fit,
         "cost_model": asdict(cost),
         "engine_traits": {k: getattr(setups[min(setups)], k) for k in (
-            "context", "share_prompt_prefill", "compact_min_frac", "max_buckets", "bucket_overhead", "prompt_len")},
+            "context", "share_prompt_prefill", "share_min_tokens", "compact_min_frac", "max_buckets",
+            "bucket_overhead", "prompt_len")},
+        "prefill_count": ("prefix forest (bench group_prefix, share_min_tokens "
+                          f"{setups[min(setups)].share_min_tokens})"
+                          if dist.has_prefix_structure and setups[min(setups)].share_min_tokens is not None
+                          and setups[min(setups)].context != "padded" else "contexts (no prefix data)"),
         "lengths": dist.describe(),
         "steps": steps,
         "seed": seed,
@@ -258,7 +293,7 @@ def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_ste
              segments: Sequence[int], regimes: Sequence[str] = ("static", "compact"), prompt_len: int = 0,
              context: ContextMode = "padded", steps: int = 300, seed: int = 0, near: float = 0.05,
              share_prompt_prefill: bool = False, compact_min_frac: float = 0.0,
-             progress: Optional[Any] = None) -> dict[str, Any]:
+             share_min_tokens: Optional[int] = None, progress: Optional[Any] = None) -> dict[str, Any]:
     """Which S maximises finished samples per second, per regime (and the smallest S within
     ``near`` of the best, since more segments mean more off-policy tokens)."""
     results: list[SimResult] = []
@@ -268,7 +303,8 @@ def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_ste
                 raise ValueError(f"segments {s} > max_len {max_len}")
             _progress(f"simulating S={s} {reg} ({steps} steps)", progress)
             setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context,  # type: ignore[arg-type]
-                                 share_prompt_prefill=share_prompt_prefill, compact_min_frac=compact_min_frac)
+                                 share_prompt_prefill=share_prompt_prefill, compact_min_frac=compact_min_frac,
+                                 share_min_tokens=share_min_tokens)
             results.append(evaluate(simulate(setup, dist, steps=steps, seed=seed), cost))
     add_ratios(results)
     best: dict[str, Any] = {}
@@ -283,7 +319,8 @@ def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_ste
         "command": "plan",
         "setting": {"max_len": max_len, "prompts_per_step": prompts_per_step, "group_size": group_size,
                     "prompt_len": prompt_len, "context": context, "share_prompt_prefill": share_prompt_prefill,
-                    "compact_min_frac": compact_min_frac, "steps": steps, "seed": seed, "near": near},
+                    "compact_min_frac": compact_min_frac, "share_min_tokens": share_min_tokens,
+                    "steps": steps, "seed": seed, "near": near},
         "lengths": dist.describe(),
         "cost_model": asdict(cost),
         "results": [r.to_dict() for r in results],
@@ -296,13 +333,14 @@ def run_plan(dist: LengthDist, cost: CostModel, *, max_len: int, prompts_per_ste
 def synthetic_bench(cost: CostModel, dist: LengthDist, *, max_len: int, prompts_per_step: int, group_size: int,
                     prompt_len: int = 0, segments: Sequence[int] = (1, 2, 4, 8), context: ContextMode = "padded",
                     share_prompt_prefill: bool = False, compact_min_frac: float = 0.0,
-                    prompt_lens: Optional[Sequence[int]] = None,
+                    prompt_lens: Optional[Sequence[int]] = None, share_min_tokens: Optional[int] = None,
                     steps: int = 300, seed: int = 1, n_lengths: int = 2000) -> dict[str, Any]:
     """A ``ulorl-bench rollout --json``-shaped object generated by the simulator itself (tests,
     docs): a cost curve from ``cost`` on a rows x context grid, and simulated results. The
     ``group_lengths`` it reports are ``n_lengths`` draws from ``dist`` — or, for an empirical
     ``dist`` with groups, exactly its groups (then ``run_validate`` with the same seed and steps
-    reproduces the truth exactly)."""
+    reproduces the truth exactly); an empirical ``dist`` with prefix structure is also written
+    as ``group_prefix`` / ``prefix_prompts``."""
     rng = np.random.default_rng(seed)
     curve = [{"rows": r, "context": c, "ms_per_iter": cost.iter_ms(r, c)}
              for r in (1, 8, 32, 64, 128, 256) for c in (64, max_len // 2, max_len + prompt_len)]
@@ -311,7 +349,8 @@ def synthetic_bench(cost: CostModel, dist: LengthDist, *, max_len: int, prompts_
         for s in segments:
             setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context,  # type: ignore[arg-type]
                                  share_prompt_prefill=share_prompt_prefill, compact_min_frac=compact_min_frac,
-                                 prompt_lens=tuple(prompt_lens) if prompt_lens else None)
+                                 prompt_lens=tuple(prompt_lens) if prompt_lens else None,
+                                 share_min_tokens=share_min_tokens)
             tr = simulate(setup, dist, steps=steps, seed=seed)
             results.append(evaluate(tr, cost))
     add_ratios(results)
@@ -319,10 +358,17 @@ def synthetic_bench(cost: CostModel, dist: LengthDist, *, max_len: int, prompts_
         groups = np.minimum(np.asarray(dist.groups, dtype=np.int64), max_len)   # the truth itself
     else:
         groups = np.minimum(dist.sample(rng, max(1, n_lengths // group_size), group_size), max_len)
+    prefix: dict[str, Any] = {}
+    if isinstance(dist, EmpiricalLengths) and dist.has_prefix_structure:
+        prefix = {"prefix_prompts": [list(p) for p in dist.prompts or ()],
+                  "group_prefix": [{"prompt": pi, "lengths": list(g), "lcp": list(c)} for pi, g, c in
+                                   zip(dist.group_prompt or (), dist.groups or (), dist.group_lcps or ())]}
     return {
+        **prefix,
         "config": {"max_response_len": max_len, "prompts_per_step": prompts_per_step, "group_size": group_size,
                    "prompt_len_mean": prompt_len, "segments": list(segments), "regimes": ["static", "compact"],
                    "engine": "simulator", "context_mode": context, "share_prompt_prefill": share_prompt_prefill,
+                   "share_min_tokens": share_min_tokens,
                    "compact_min_frac": compact_min_frac, "prompt_lengths": list(prompt_lens or [])},
         "results": [{"segments": r.segments, "regime": r.regime, "step_time_s": r.step_time_median_s,
                      "finished_per_s": r.finished_per_s, "tokens_per_s": r.tokens_per_s,

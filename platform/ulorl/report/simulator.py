@@ -17,6 +17,12 @@ are released for training. One step costs, in milliseconds::
   (left-padded batch, one KV cache); ``row``: its own prompt+prefix plus j (paged attention);
   ``bucket``: its context bucket's longest plus j (the hf engine's bucketed caches).
 
+Prefill tokens: with a bench's prefix records (``EmpiricalLengths`` with prefix structure) and an
+engine with a prefix forest (``RolloutSetup.share_min_tokens``, the hf fast path), every row's
+context is rebuilt (real prompt ids + synthetic responses with the observed common prefixes) and a
+step's prefill is counted by the engine's own code (``ulorl.rollout.prefix.prefill_tokens``);
+otherwise carried contexts count in full plus the new prompts (``RolloutSetup``).
+
 Since the policy is fixed, the scheduling does not depend on time: ``simulate`` runs the pools
 once per (S, regime) and records, per step, the *features* ``[iterations, row-slots,
 row-context sum, prefill tokens, trained tokens, 1]``; a ``CostModel`` is the coefficient vector
@@ -41,6 +47,9 @@ from pathlib import Path
 from typing import Any, Iterable, Literal, Optional, Sequence
 
 import numpy as np
+
+from ulorl.rollout.prefix import prefill_tokens as _forest_prefill_tokens
+from ulorl.rollout.prefix import sequences_with_lcps
 
 __all__ = [
     "CostModel",
@@ -194,17 +203,59 @@ class EmpiricalLengths(LengthDist):
     """Resample observed lengths. With ``groups`` (lengths of the G responses of one prompt) whole
     groups are resampled, keeping the within-group correlation; a group of another size is
     resampled member-wise with replacement. Without, lengths are drawn independently.
-    Observed lengths at the max of the run they came from stand for truncated responses."""
+    Observed lengths at the max of the run they came from stand for truncated responses.
+
+    Prefix structure (optional, from a bench's ``group_prefix`` / ``prefix_prompts``): ``prompts``
+    holds the distinct prompts' token ids in the order the bench admitted them, ``group_prompt``
+    the prompt of each group, ``group_lcps`` the ``G - 1`` longest common prefixes of neighbouring
+    responses of each group in lexicographic order (``groups`` then lists the lengths in that
+    order). ``simulate`` then admits the observed groups in a fixed cycle (``sample_structured``)
+    and rebuilds every row's context with exactly the observed prefix structure — the real
+    prompt ids followed by synthetic response tokens (``ulorl.rollout.prefix.sequences_with_lcps``)
+    — so the hf engine's prefix-forest prefill can be counted with the engine's own code. Needs
+    more than ``prompts_per_step x S`` distinct prompts (else one prompt can be in flight twice,
+    which the bench never does, and its contexts would share the prompt). A setup with another
+    group size G ignores the structure (plain ``sample``).
+    """
 
     lengths: tuple[int, ...]
     groups: Optional[tuple[tuple[int, ...], ...]] = None
     source: str = ""
+    prompts: Optional[tuple[tuple[int, ...], ...]] = None
+    group_prompt: Optional[tuple[int, ...]] = None
+    group_lcps: Optional[tuple[tuple[int, ...], ...]] = None
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.lengths:
             raise ValueError(f"empirical length distribution {self.source!r} is empty")
         if min(self.lengths) < 1:
             raise ValueError(f"empirical lengths {self.source!r} contain a value < 1")
+        given = [x is not None for x in (self.prompts, self.group_prompt, self.group_lcps)]
+        if any(given) and not all(given):
+            raise ValueError(f"{self.source}: prefix structure needs prompts, group_prompt and group_lcps together")
+        if all(given):
+            if not self.groups or len(self.group_prompt) != len(self.groups) or \
+                    len(self.group_lcps) != len(self.groups):   # type: ignore[arg-type]
+                raise ValueError(f"{self.source}: group_prefix needs one prompt and one LCP list per group")
+            if len({len(g) for g in self.groups}) != 1:
+                raise ValueError(f"{self.source}: group_prefix groups must all have the same size")
+            for i, (g, c, pi) in enumerate(zip(self.groups, self.group_lcps, self.group_prompt)):  # type: ignore[arg-type]
+                if not 0 <= pi < len(self.prompts) or not self.prompts[pi]:   # type: ignore[arg-type]
+                    raise ValueError(f"{self.source}: group_prefix[{i}] names prompt {pi}, which is missing or empty")
+                if len(c) != len(g) - 1 or any(not 0 <= x <= min(a, b) for x, a, b in zip(c, g, g[1:])):
+                    raise ValueError(f"{self.source}: group_prefix[{i}] LCPs {list(c)} do not fit lengths {list(g)}")
+            used = set(self.group_prompt)   # type: ignore[arg-type]
+            if len(used) != len(self.prompts):   # type: ignore[arg-type]
+                raise ValueError(f"{self.source}: {len(self.prompts) - len(used)} prompts have no group")   # type: ignore[arg-type]
+
+    @property
+    def has_prefix_structure(self) -> bool:
+        return self.group_lcps is not None
+
+    @property
+    def group_size(self) -> Optional[int]:
+        return len(self.groups[0]) if self.groups else None
 
     def sample(self, rng: np.random.Generator, n_groups: int, group_size: int) -> np.ndarray:
         if not self.groups:
@@ -220,19 +271,83 @@ class EmpiricalLengths(LengthDist):
                 out[i] = np.asarray(g)[rng.integers(0, len(g), size=group_size)]
         return out
 
+    def sample_structured(self, rng: np.random.Generator, n_groups: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """Groups number ``start, start + 1, ...`` of a fixed cycle over all observed groups:
+        ``(lengths [n_groups, G], group index [n_groups])``. The cycle takes every prompt's first
+        group in prompt order, then every prompt's second group, and so on: each observed group is
+        used equally often (the released groups are the steady-state sample), consecutive groups
+        belong to consecutive prompts as in the bench's batches, and one prompt comes back only
+        after a pass over the prompts. ``rng`` is unused (the cycle is deterministic)."""
+        if not self.has_prefix_structure:
+            raise ValueError("sample_structured needs prefix structure")
+        cycle = self._cache.get("cycle")
+        if cycle is None:
+            rank: dict[int, int] = {}
+            key = []
+            for gi, pi in enumerate(self.group_prompt):   # type: ignore[arg-type]
+                rank[pi] = rank.get(pi, -1) + 1
+                key.append((rank[pi], pi, gi))
+            cycle = np.asarray([gi for _, _, gi in sorted(key)], dtype=np.int64)
+            self._cache["cycle"] = cycle
+        if n_groups <= 0:
+            return np.zeros((0, self.group_size or 0), dtype=np.int64), np.zeros(0, dtype=np.int64)
+        idx = cycle[(start + np.arange(n_groups)) % cycle.size]
+        lens = np.asarray([self.groups[gi] for gi in idx], dtype=np.int64).reshape(n_groups, -1)   # type: ignore[index]
+        return lens, idx
+
+    def prompt_of(self, group: int) -> tuple[int, ...]:
+        return self.prompts[self.group_prompt[group]]   # type: ignore[index]
+
+    def responses_of(self, group: int) -> list[tuple[int, ...]]:
+        """Synthetic response token ids of a group with its observed prefix structure (cached).
+        Tokens are >= 2**31 and unique to the group, so they never match a prompt token or
+        another group's response."""
+        seqs = self._cache.get(("seq", group))
+        if seqs is None:
+            offs = self._cache.get("offsets")
+            if offs is None:
+                offs = np.concatenate([[0], np.cumsum([sum(g) for g in self.groups])])   # type: ignore[union-attr]
+                self._cache["offsets"] = offs
+            seqs = [tuple(x) for x in sequences_with_lcps(self.groups[group], self.group_lcps[group],   # type: ignore[index]
+                                                          first_token=(1 << 31) + int(offs[group]))]
+            self._cache[("seq", group)] = seqs
+        return seqs
+
     def describe(self) -> dict[str, Any]:
         arr = np.asarray(self.lengths)
-        return {"kind": "empirical", "source": self.source, "n": int(arr.size),
-                "groups": None if not self.groups else len(self.groups),
-                "mean": float(arr.mean()), "p50": float(np.median(arr)), "max": int(arr.max())}
+        out = {"kind": "empirical", "source": self.source, "n": int(arr.size),
+               "groups": None if not self.groups else len(self.groups),
+               "mean": float(arr.mean()), "p50": float(np.median(arr)), "max": int(arr.max())}
+        if self.has_prefix_structure:
+            lc = np.asarray([x for c in self.group_lcps for x in c], dtype=float)   # type: ignore[union-attr]
+            out["prefix_structure"] = {"prompts": len(self.prompts),   # type: ignore[arg-type]
+                                       "mean_adjacent_lcp": float(lc.mean()) if lc.size else 0.0}
+        return out
 
 
 def parse_lengths(data: Any, source: str = "<data>") -> EmpiricalLengths:
     """Lengths from parsed JSON: a list of ints, a list of lists (groups), or an object with
-    ``group_lengths`` and/or ``lengths`` (e.g. a ``ulorl-bench rollout --json`` output)."""
+    ``group_lengths`` and/or ``lengths`` (e.g. a ``ulorl-bench rollout --json`` output). An object
+    with ``group_prefix`` (``[{"prompt", "lengths", "lcp"}, ...]``) and ``prefix_prompts`` (token
+    ids per prompt) also carries the groups' prefix structure (``EmpiricalLengths``); its groups
+    are then those records."""
     groups = None
+    prefix_kw: dict[str, Any] = {}
     if isinstance(data, dict):
-        if data.get("group_lengths"):
+        if data.get("group_prefix"):
+            recs, prompts = data["group_prefix"], data.get("prefix_prompts")
+            if not isinstance(prompts, list) or not isinstance(recs, list):
+                raise ValueError(f"{source}: 'group_prefix' needs a list 'prefix_prompts' beside it")
+            try:
+                groups = [r["lengths"] for r in recs]
+                prefix_kw = {"prompts": tuple(tuple(int(t) for t in p) for p in prompts),
+                             "group_prompt": tuple(int(r["prompt"]) for r in recs),
+                             "group_lcps": tuple(tuple(int(x) for x in r["lcp"]) for r in recs)}
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{source}: bad 'group_prefix' record ({exc!r}); "
+                                 "need {'prompt': int, 'lengths': [...], 'lcp': [...]}") from None
+            flat = [x for g in groups for x in g]
+        elif data.get("group_lengths"):
             groups = data["group_lengths"]
             flat = [x for g in groups for x in g]
         elif "lengths" in data:
@@ -252,7 +367,9 @@ def parse_lengths(data: Any, source: str = "<data>") -> EmpiricalLengths:
         groups_i = tuple(tuple(int(x) for x in g) for g in groups if g) if groups else None
     except (TypeError, ValueError):
         raise ValueError(f"{source}: lengths must be integers") from None
-    return EmpiricalLengths(lengths=flat_i, groups=groups_i, source=source)
+    if prefix_kw and groups_i is not None and len(groups_i) != len(groups):   # an empty record
+        raise ValueError(f"{source}: 'group_prefix' has a record with no lengths")
+    return EmpiricalLengths(lengths=flat_i, groups=groups_i, source=source, **prefix_kw)
 
 
 def load_lengths(path: str | Path) -> EmpiricalLengths:
@@ -323,6 +440,14 @@ class RolloutSetup:
     ``share_prompt_prefill``: the G new samples of a prompt share one prefill (hf engine, vLLM
     prefix cache). ``compact_min_frac``: in the compact regime, finished rows are dropped only
     once at least this fraction of the batch is done (0 = at once; the hf engine uses 0.125).
+    ``share_min_tokens``: the hf engine's prefix-forest prefill (``HFEngine(share_min_tokens=)``).
+    When set, ``context`` is not ``padded`` and the length distribution carries prefix structure
+    (``EmpiricalLengths`` from a bench with ``group_prefix``), a step's prefill tokens are counted
+    as the engine counts them (``ulorl.rollout.prefix.prefill_tokens``: the batch's distinct
+    contexts — new prompts and carried prompt + response-so-far — in one prefix forest, a shared
+    prefix kept when ``(users - 1) * tokens >= share_min_tokens``), and ``share_prompt_prefill``
+    is moot. Otherwise: carried rows' full contexts plus the new prompts (once per group when
+    ``share_prompt_prefill``, else G times); ``padded``: rows x longest context.
     """
 
     max_len: int
@@ -339,6 +464,7 @@ class RolloutSetup:
     compact_min_frac: float = 0.0
     max_buckets: int = 4
     bucket_overhead: float = 256.0
+    share_min_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.max_len < 1 or not 1 <= self.segments <= self.max_len:
@@ -483,6 +609,9 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
     rng_prompt = np.random.default_rng([seed, 1])
     plens = None if not setup.prompt_lens else np.asarray(setup.prompt_lens, dtype=np.int64)
     G, P, M, seg = setup.group_size, setup.prompts_per_step, setup.max_len, setup.segment_len
+    # prefix structure is used when its groups have the setup's G (else plain group resampling)
+    structured = bool(getattr(dist, "has_prefix_structure", False)) and dist.group_size == G   # type: ignore[attr-defined]
+    forest = structured and setup.share_min_tokens is not None and setup.context != "padded"
     total = warmup + steps
     n_groups_max = total * P
     group_left = np.zeros(n_groups_max, dtype=np.int64)      # members not done yet
@@ -493,16 +622,26 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
     pool_g = np.zeros(0, dtype=np.int64)
     pool_first = np.zeros(0, dtype=np.int64)
     pool_pl = np.zeros(0, dtype=np.int64)
+    pool_rec = np.zeros(0, dtype=np.int64)     # structured: group record and member of each row
+    pool_mem = np.zeros(0, dtype=np.int64)
     next_gid = 0
     rec: dict[str, list[Any]] = {k: [] for k in (
         "features", "completed", "truncated", "useful", "rows", "unfinished", "released")}
     multi = stale = 0
     for step in range(total):
         admit = P if setup.max_unfinished is None or pool_L.size < setup.max_unfinished else 0
-        new_L = dist.sample(rng, admit, G).reshape(-1) if admit else np.zeros(0, dtype=np.int64)
+        if structured:
+            grp, recs = dist.sample_structured(rng, admit, next_gid)   # type: ignore[attr-defined]
+            new_L = grp.reshape(-1)
+            group_pl = np.asarray([len(dist.prompt_of(int(r))) for r in recs], dtype=np.int64)   # type: ignore[attr-defined]
+            row_rec = np.concatenate([pool_rec, np.repeat(recs, G)])
+            row_mem = np.concatenate([pool_mem, np.tile(np.arange(G, dtype=np.int64), admit)])
+        else:
+            new_L = dist.sample(rng, admit, G).reshape(-1) if admit else np.zeros(0, dtype=np.int64)
+            group_pl = (plens[rng_prompt.integers(0, plens.size, size=admit)] if plens is not None
+                        else np.full(admit, setup.prompt_len, dtype=np.int64))
+            row_rec = row_mem = np.full(pool_L.size + new_L.size, -1, dtype=np.int64)
         gids = np.repeat(np.arange(next_gid, next_gid + admit), G)
-        group_pl = (plens[rng_prompt.integers(0, plens.size, size=admit)] if plens is not None
-                    else np.full(admit, setup.prompt_len, dtype=np.int64))
         pl = np.concatenate([pool_pl, np.repeat(group_pl, G)])
         group_left[next_gid:next_gid + admit] = G
         next_gid += admit
@@ -531,6 +670,10 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
                 extra = int(dur.sum()) - iters
             if setup.context == "padded":
                 prefill = B * int(ctx0.max())
+            elif forest:
+                ctxs = [dist.prompt_of(int(row_rec[i])) + dist.responses_of(int(row_rec[i]))[int(row_mem[i])][:int(d[i])]   # type: ignore[attr-defined]
+                        for i in range(B)]
+                prefill = _forest_prefill_tokens(ctxs, int(setup.share_min_tokens))   # type: ignore[arg-type]
             else:
                 n_new = new_L.size
                 carried_tokens = int(ctx0[: B - n_new].sum())
@@ -563,6 +706,7 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
             stale += int(spans.sum())
         keep = ~done
         pool_L, pool_d, pool_g, pool_first, pool_pl = L[keep], (d + n)[keep], g[keep], first[keep], pl[keep]
+        pool_rec, pool_mem = row_rec[keep], row_mem[keep]
     return SimTrace(
         setup=setup,
         features=np.asarray(rec["features"], dtype=float),

@@ -20,8 +20,13 @@ useful tokens per second, decode utilization (useful tokens / row-slots decoded)
 time, decode iterations per finished sample (hardware independent), mean batch rows, mean
 unfinished pool, prefill tokens per finished sample, ratio to S = 1 of the same regime. Plus the
 measured cost of one decode forward against rows and context (``cost_curve``), prefill cost
-(``prefill_curve``, ``prefill_ms_per_token``) and the observed response lengths (``lengths``,
-``group_lengths``) for the simulator (``ulorl-sim validate``).
+(``prefill_curve``, ``prefill_ms_per_token``), the observed response lengths (``lengths``,
+``group_lengths``) and, compactly, the prefix structure of every released group for the
+simulator's prefill model (``ulorl-sim validate``): ``prefix_prompts`` (token ids of each distinct
+prompt, in the order of the bench's prompt list) and ``group_prefix`` = per group
+``{"prompt": index, "lengths": [...], "lcp": [...]}`` with the G response lengths in
+lexicographic order of the responses and the G - 1 longest common prefixes of neighbours in that
+order (``ulorl.rollout.prefix.adjacent_lcps``; the LCP of any two is the minimum between them).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+from ulorl.rollout.prefix import adjacent_lcps
 from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler
 from ulorl.rollout.types import Engine, GenerationRequest, SamplingParams
 
@@ -111,6 +117,7 @@ class _Setting:
     records: list[StepRecord] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     group_lengths: list[list[int]] = field(default_factory=list)
+    group_prefix: list[tuple[tuple[int, ...], list[int], list[int]]] = field(default_factory=list)
     measured_s: float = 0.0
 
     @property
@@ -140,8 +147,31 @@ def _run_step(st: _Setting, cfg: BenchConfig, record: bool, rnd: int = 0) -> flo
             admitted=res.admitted))
         st.lengths.extend(s.response_len for s in res.completed)
         st.group_lengths.extend([s.response_len for s in g] for g in res.groups)
+        st.group_prefix.extend(group_prefix_record(g) for g in res.groups)
         st.measured_s += wall
     return wall
+
+
+def group_prefix_record(group: Sequence[Any]) -> tuple[tuple[int, ...], list[int], list[int]]:
+    """``(prompt ids, response lengths in lexicographic order, adjacent LCPs)`` of one released group
+    (samples with ``prompt_ids`` and ``response_ids``)."""
+    resp = [list(s.response_ids) for s in group]
+    order, lcps = adjacent_lcps(resp)
+    return tuple(group[0].prompt_ids), [len(resp[i]) for i in order], lcps
+
+
+def prefix_table(records: Sequence[tuple[tuple[int, ...], list[int], list[int]]],
+                 prompts: Sequence[PromptRequest]) -> dict[str, Any]:
+    """``{"prefix_prompts", "group_prefix"}`` (module docstring) from group records; prompts are
+    numbered in the order of ``prompts`` (unknown ones after them, in order of appearance)."""
+    pos: dict[tuple[int, ...], int] = {}
+    for i, p in enumerate(prompts):
+        pos.setdefault(tuple(p.prompt_ids), i)
+    seen = {t: k for k, t in enumerate(dict.fromkeys(r[0] for r in records))}
+    used = sorted(seen, key=lambda t: pos.get(t, len(pos) + seen[t]))
+    index = {t: i for i, t in enumerate(used)}
+    return {"prefix_prompts": [list(t) for t in used],
+            "group_prefix": [{"prompt": index[t], "lengths": lens, "lcp": lcps} for t, lens, lcps in records]}
 
 
 def summarize(st: _Setting) -> dict[str, Any]:
@@ -200,11 +230,12 @@ def run_settings(
     prompts: Sequence[PromptRequest],
     *,
     progress: Progress = None,
-) -> tuple[list[dict[str, Any]], list[int], list[list[int]]]:
+) -> tuple[list[dict[str, Any]], list[int], list[list[int]], dict[str, Any]]:
     """Warm up, then measure every (S, regime) setting round robin (module docstring).
 
     ``engine_factory(regime)`` builds one engine per setting. Returns ``(results, lengths,
-    group_lengths)``: lengths of every sample completed while measuring, and of released groups.
+    group_lengths, prefix)``: lengths of every sample completed while measuring, of released
+    groups, and the released groups' prefix structure (``prefix_table``).
     """
     cfg.validate()
     sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
@@ -242,7 +273,8 @@ def run_settings(
     add_ratios(results)
     lengths = [x for st in settings for x in st.lengths]
     groups = [g for st in settings for g in st.group_lengths]
-    return results, lengths, groups
+    prefix = prefix_table([r for st in settings for r in st.group_prefix], prompts)
+    return results, lengths, groups, prefix
 
 
 def _say(progress: Progress, msg: str) -> None:
@@ -342,8 +374,9 @@ def run_rollout_bench(cfg: BenchConfig, *, progress: Progress = None) -> dict[st
     def factory(regime: str) -> Engine:
         return HFEngine(model, eos_token_id=eos, pad_token_id=pad, device=cfg.device, batching=regime)  # type: ignore[arg-type]
 
-    results, lengths, groups = run_settings(cfg, factory, prompts, progress=progress)
+    results, lengths, groups, prefix = run_settings(cfg, factory, prompts, progress=progress)
     vocab_hi = int(model.get_output_embeddings().weight.shape[0])
+    probe = HFEngine(model, eos_token_id=eos, pad_token_id=pad, device=cfg.device, batching="static")
     contexts = cfg.cost_contexts or (64, cfg.max_len // 2, cfg.max_len + 64)
     curve = measure_cost_curve(model, device=cfg.device, rows=cfg.cost_rows, contexts=contexts,
                                iters=cfg.cost_iters, vocab_hi=vocab_hi, seed=cfg.seed, progress=progress)
@@ -359,7 +392,8 @@ def run_rollout_bench(cfg: BenchConfig, *, progress: Progress = None) -> dict[st
         # names the simulator reads
         "max_response_len": cfg.max_len, "prompts_per_step": cfg.prompts, "group_size": cfg.group,
         "prompt_len_mean": sum(prompt_lens) / len(prompt_lens), "min_ready_groups": 1,
-        "engine": "hf", "engine_backend": factory("static").backend,  # type: ignore[attr-defined]
+        "engine": "hf", "engine_backend": probe.backend, "share_min_tokens": probe.share_min_tokens,
+        "max_batch_rows": probe.max_batch_rows,
         "threads_used": torch.get_num_threads(), "torch": torch.__version__,
         "python": _platform.python_version(), "cpu_count": os.cpu_count(),
         "loadavg_start": list(load_start) if load_start else None,
@@ -375,6 +409,7 @@ def run_rollout_bench(cfg: BenchConfig, *, progress: Progress = None) -> dict[st
         "prefill_ms_per_token": sum(p["ms"] for p in pcurve) / tokens if tokens else None,
         "lengths": lengths,
         "group_lengths": groups,
+        **prefix,
     }
 
 
@@ -424,6 +459,11 @@ def format_report(out: dict[str, Any]) -> str:
     if out.get("prefill_ms_per_token") is not None:
         lines.append(f"prefill: {out['prefill_ms_per_token']:.4f} ms per token "
                      f"({', '.join(str(p['rows']) + 'x' + str(p['context']) for p in out.get('prefill_curve', []))})")
+    recs = out.get("group_prefix") or []
+    if recs:
+        lc = [x for r in recs for x in r["lcp"]]
+        lines.append(f"prefix records: {len(recs)} groups over {len(out.get('prefix_prompts') or [])} prompts, "
+                     f"mean common prefix of neighbouring responses {sum(lc) / max(1, len(lc)):.1f} tokens")
     lens = out.get("lengths") or []
     if lens:
         srt = sorted(lens)

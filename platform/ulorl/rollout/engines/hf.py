@@ -10,10 +10,11 @@ One ``generate`` call decodes every request in one batch (or ``max_batch_rows`` 
 1. **Prefill.** Contexts ``prompt_ids + prefix_ids`` are re-prefilled under the current weights
    at every call (nothing is reused across calls, so a weight update can never leak stale keys).
    Within a call, shared prefixes are prefilled once: the distinct contexts form a prefix forest
-   (``prefix_forest``; the G new samples of a prompt are one context, continuations of one
-   prompt share the prompt and any common response prefix), pruned to the shares that pay
-   (``share_plan``), prefilled level by level after their parent's keys/values. Matmuls run on
-   the real tokens only (packed); attention on length-sorted, little-padded chunks.
+   (``prefix_forest``, torch-free in ``ulorl.rollout.prefix``; the G new samples of a prompt are
+   one context, continuations of one prompt share the prompt and any common response prefix),
+   pruned to the shares that pay (``share_plan``), prefilled level by level after their parent's
+   keys/values. Matmuls run on the real tokens only (packed); attention on length-sorted,
+   little-padded chunks.
 2. **Buckets.** Rows are grouped by context length into a few buckets; each bucket owns a
    PREALLOCATED cache ``[L, 2, rows, kv_heads, width, head_dim]`` whose width is its own longest
    context plus the decode budget, and attention runs per bucket — a short new prompt never pays
@@ -47,6 +48,7 @@ import torch
 
 from ulorl.rollout.engines.fastlm import Bucket, FastCausalLM, unsupported_reason
 from ulorl.rollout.engines.sampling import combine_seed, counter_uniforms, sample_tokens
+from ulorl.rollout.prefix import PrefixNode, prefix_forest, share_plan  # noqa: F401  (re-exported)
 from ulorl.rollout.types import EngineStats, GenerationRequest, GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -358,93 +360,6 @@ class HFEngine:
         toks_all, lps_all, eos_all = out_tok.tolist(), out_lp.tolist(), ended_eos.tolist()
         return [(toks_all[i][:lengths[i]], lps_all[i][:lengths[i]], "eos" if eos_all[i] else "length")
                 for i in range(N)]
-
-
-@dataclass
-class PrefixNode:
-    """A node of the prefix forest: tokens ``[start, end)`` of context ``rep`` (shared by every
-    context below it); ``ends``: contexts equal to the path ``[0, end)``; ``level``: depth in nodes."""
-
-    start: int
-    end: int
-    rep: int
-    parent: int
-    level: int
-    ends: list[int]
-
-
-def prefix_forest(contexts: Sequence[Sequence[int]]) -> list[PrefixNode]:
-    """Compressed trie (radix forest) of non-empty token sequences.
-
-    Every position shared by several contexts belongs to exactly one node, so prefilling each
-    node once (after its parent) computes every context's keys/values with no repeated token.
-    Example: ``[[1, 2, 3], [1, 2, 4], [5]]`` -> ``[1, 2]`` with children ``[3]`` and ``[4]``, and ``[5]``.
-    """
-    n = len(contexts)
-    if any(len(c) == 0 for c in contexts):
-        raise ValueError("prefix_forest: empty context")
-    order = sorted(range(n), key=lambda i: list(contexts[i]))
-    nodes: list[PrefixNode] = []
-    stack = [(0, n, 0, -1, 0)] if n else []
-    while stack:
-        lo, hi, depth, parent, level = stack.pop()
-        i = lo
-        while i < hi:
-            t = contexts[order[i]][depth]
-            k = i + 1
-            while k < hi and contexts[order[k]][depth] == t:
-                k += 1
-            first, last = contexts[order[i]], contexts[order[k - 1]]
-            end, m = depth + 1, min(len(first), len(last))
-            while end < m and first[end] == last[end]:
-                end += 1
-            r = i
-            ends = []
-            while r < k and len(contexts[order[r]]) == end:
-                ends.append(order[r])
-                r += 1
-            nodes.append(PrefixNode(depth, end, order[k - 1], parent, level, ends))
-            if r < k:
-                stack.append((r, k, end, len(nodes) - 1, level + 1))
-            i = k
-    return nodes
-
-
-def share_plan(nodes: list[PrefixNode], n_contexts: int, min_saving: int = 64) -> list[PrefixNode]:
-    """Keep a shared node only where it pays: ``(users - 1) * tokens >= min_saving``.
-
-    A dissolved node's tokens are prefilled again inside each of its children (each extra level
-    costs a prefill pass and past copies, so sharing 3 tokens among 9 contexts is not worth it).
-    Returns a new forest (parents before children, levels recomputed).
-    """
-    children: dict[int, list[int]] = {}
-    for nid, nd in enumerate(nodes):
-        children.setdefault(nd.parent, []).append(nid)
-    users = [len(nd.ends) for nd in nodes]
-    for nid in range(len(nodes) - 1, -1, -1):          # children come after their parent
-        if nodes[nid].parent >= 0:
-            users[nodes[nid].parent] += users[nid]
-    out: list[PrefixNode] = []
-
-    def visit(nid: int, start: int, parent: int) -> None:
-        nd = nodes[nid]
-        kids = children.get(nid, [])
-        level = out[parent].level + 1 if parent >= 0 else 0
-        if kids and (users[nid] - 1) * (nd.end - start) < min_saving:
-            for u in nd.ends:
-                out.append(PrefixNode(start, nd.end, u, parent, level, [u]))
-            for c in kids:
-                visit(c, start, parent)
-            return
-        out.append(PrefixNode(start, nd.end, nd.rep, parent, level, list(nd.ends)))
-        me = len(out) - 1
-        for c in kids:
-            visit(c, nd.end, me)
-
-    for root in children.get(-1, []):
-        visit(root, 0, -1)
-    assert sum(len(nd.ends) for nd in out) == n_contexts
-    return out
 
 
 def _prefill_forest(fast: FastCausalLM, contexts: list[list[int]], pad_id: int, budget: int,

@@ -286,3 +286,11 @@ def test_tables_pick_up_real_training_runs(tmp_path: Path, empty_db: Path) -> No
     summary = write_all(store, tmp_path / "out", HINTS)
     assert summary["tables"]["table1"]["runs"] == 1 and not summary["figures"]["fig5"]["not_run"]
     assert figs["fig2"].lines == [] and summary["figures"]["fig2"]["not_run"]
+
+
+def test_trailing_mean_and_window_are_hand_checked():
+    from ulorl.report.figures import smoothing_window, trailing_mean
+
+    assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert trailing_mean([2.0, 4.0], 5) == [2.0, 3.0]
+    assert smoothing_window(39) == 1 and smoothing_window(40) == 5 and smoothing_window(200) == 10

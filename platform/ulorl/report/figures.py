@@ -73,11 +73,15 @@ class PaperFigure:
         for i, panel in enumerate(self.panels):
             for j, (metric, ylabel) in enumerate(self.metrics):
                 ax = axes[i][j]
-                for ln in self.lines:
-                    if ln.panel != panel or metric not in ln.series:
-                        continue
+                here = [ln for ln in self.lines if ln.panel == panel and metric in ln.series]
+                w = smoothing_window(max((len(ln.series[metric][1]) for ln in here), default=0))  # one window per panel
+                for ln in here:
                     steps, values = ln.series[metric]
-                    ax.plot(steps, values, label=ln.label, color=colors[ln.label], linestyle=styles[ln.label], linewidth=1.4,
+                    if w > 1:  # long noisy runs: faint per-step points, bold trailing mean
+                        ax.plot(steps, values, color=colors[ln.label], linewidth=0.6, alpha=0.25)
+                        values = trailing_mean(values, w)
+                    ax.plot(steps, values, label=ln.label + (f" ({w}-step mean)" if w > 1 else ""),
+                            color=colors[ln.label], linestyle=styles[ln.label], linewidth=1.4,
                             marker="o" if len(steps) < 12 else None, markersize=3)
                 if metric == ENTROPY:
                     targets = {ln.target: ln.label for ln in self.lines if ln.panel == panel and ln.target is not None}
@@ -111,6 +115,22 @@ class PaperFigure:
                     "note": f"{len(values)} points, last at step {steps[-1]}" if values else "metric not logged",
                 })
         return recs
+
+
+def smoothing_window(n_points: int) -> int:
+    """Trailing-mean window for a curve of ``n_points``: 1 (raw) below 40 points, else n / 20 (>= 5)."""
+    return 1 if n_points < 40 else max(5, n_points // 20)
+
+
+def trailing_mean(values: list[float], w: int) -> list[float]:
+    """``out[i]`` = mean of ``values[max(0, i - w + 1) : i + 1]``."""
+    out, acc = [], 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= w:
+            acc -= values[i - w]
+        out.append(acc / min(i + 1, w))
+    return out
 
 
 def _pretty(param: str, value: str) -> str:

@@ -162,6 +162,7 @@ def _first_update_metrics(tmp_path: Path, *extra: str) -> dict[str, float]:
     t._setup()
     try:
         for _ in range(20):
+            t.step += 1  # as the trainer's loop does before each rollout
             res, _m = t._rollout()
             samples = [s for g in res.groups for s in g]
             if samples and len({s.reward for s in samples}) > 1:

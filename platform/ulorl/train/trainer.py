@@ -374,17 +374,18 @@ class Trainer:
         return res, m
 
     def _track_cohorts(self, res: Any) -> None:
-        """Admission-cohort reward (``ulorl.train.cohorts``), logged at the cohort's own step."""
-        offset = self.step - res.step            # trainer steps count from 1, the scheduler's from 0
-        self.cohorts.admit(self.step, res.admitted)
+        """Admission-cohort reward (``ulorl.train.cohorts``), logged at the cohort's own training step.
+        Cohorts are keyed by the scheduler's step (``Sample.created_step``), unique per rollout."""
+        self.cohorts.admit(res.step, res.admitted)
         for s in res.completed:
-            self.cohorts.complete(s.created_step + offset, float(s.reward or 0.0), s.response_len)
+            self.cohorts.complete(s.created_step, float(s.reward or 0.0), s.response_len)
         for s in res.dropped_samples:
-            self.cohorts.complete(s.created_step + offset, None, 0)
+            self.cohorts.complete(s.created_step, None, 0)
+        offset = self.step - res.step            # trainer steps count from 1, the scheduler's from 0
         for c in self.cohorts.pop_closed():
             if self.tracker is not None:
                 self.tracker.add_metrics({schema.COHORT_REWARD_METRIC: c.reward_mean,
-                                          schema.COHORT_LEN_METRIC: c.response_len_mean}, c.step)
+                                          schema.COHORT_LEN_METRIC: c.response_len_mean}, c.step + offset)
 
     def _eval(self) -> dict[str, float]:
         from ulorl.eval.runner import evaluate

@@ -135,13 +135,9 @@ def _batches(cfg, model, tokenizer, n_batches: int, progress: bool):
         sampling=SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=r.seed), seed=r.seed)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def score(finished):
-        items = [(tokenizer.decode(s.response_ids, skip_special_tokens=True), s.answer, False) for s in finished]
-        return scorer.score(items)
-
     try:
         for i in range(n_batches):
-            res = sched.step(stream.take(r.prompts_per_step), 0, score_fn=score)
+            res = sched.step(stream.take(r.prompts_per_step), 0, score_fn=lambda done: scorer.score_samples(done, tokenizer))
             samples = [s for grp in res.groups for s in grp]
             for s in samples:
                 s.reward = float(s.reward or 0.0)

@@ -179,6 +179,14 @@ class RewardScorer:
         """``stats`` as a method (callable on a Ray actor wrapping this class)."""
         return self.stats
 
+    def score_samples(self, samples: list[Any], tokenizer: Any) -> list[float]:
+        """Rewards for rollout ``Sample``s: response decoded from its token ids, scored against
+        ``sample.answer``; a truncated sample scores 0."""
+        from ulorl.rollout.types import SampleStatus
+
+        return self.score([(tokenizer.decode(s.response_ids, skip_special_tokens=True), s.answer,
+                            s.status is SampleStatus.TRUNCATED) for s in samples])
+
     def score(self, items: list[tuple[str, str, bool]]) -> list[float]:
         """Rewards (1.0 / 0.0) for ``(response_text, reference, truncated)`` triples, in order."""
         with self._lock:

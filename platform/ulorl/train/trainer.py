@@ -325,11 +325,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ stages
     def _score(self, finished: list[Sample]) -> list[float]:
-        items = [
-            (self.tokenizer.decode(s.response_ids, skip_special_tokens=True), s.answer, s.status is SampleStatus.TRUNCATED)
-            for s in finished
-        ]
-        return self.scorer.score(items)
+        return self.scorer.score_samples(finished, self.tokenizer)
 
     def _on_segment(self, samples: list[Sample]) -> None:
         if self.cfg.algo.is_mode != "sais":

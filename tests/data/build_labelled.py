@@ -99,9 +99,10 @@ def unittest_rows(git_dir: str, path: str, source: str, repo: str) -> Iterator[d
             continue
         env: dict[str, object] = {}
         k = 0
-        for node in ast.walk(fn):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                env[node.targets[0].id] = _literal(node.value)
+        for stmt in fn.body:  # in source order: each assertion uses the assignments above it
+            node = stmt.value if isinstance(stmt, (ast.Assign, ast.Expr)) else None
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+                env[stmt.targets[0].id] = _literal(stmt.value)
             elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("assertTrue", "assertFalse"):
                 inner = node.args[0] if node.args else None
                 if not isinstance(inner, ast.Call) or not inner.args or len(inner.args) < 2:

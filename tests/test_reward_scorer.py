@@ -40,8 +40,8 @@ def test_cases_and_counters():
         assert s.score([c for c, _ in CASES]) == [r for _, r in CASES]
         st = s.stats
     assert st["items"] == 8 and st["truncated"] == 1 and st["no_answer"] == 1
-    assert st["fast_path"] == 3  # 27/27, 33124147, 28 vs 27
-    assert st["worker_calls"] == 3 and st["timeouts"] == 0 and st["crashes"] == 0
+    assert st["fast_path"] == 4  # 27/27, 33124147, 28 vs 27, identical \\frac{a}{b}
+    assert st["worker_calls"] == 2 and st["timeouts"] == 0 and st["crashes"] == 0
 
 
 def test_integer_batch_needs_no_worker():

@@ -1,7 +1,9 @@
 """Per-item reward cost: main-thread ``compute_reward`` vs ``RewardScorer`` (fast path / workers).
 
-    python -m ulorl.reward.bench                 # one JSON object on stdout, progress on stderr
-    python -m ulorl.reward.bench --n-int 500 --n-sym 300 --workers 1,2
+    ulorl-bench verifier --synthetic             # one JSON object on stdout, progress on stderr
+    python -m ulorl.reward.bench --n-int 500 --n-sym 300 --workers 1,2   # the same, older entry point
+
+(``ulorl-bench verifier LABELLED.jsonl`` measures agreement with labels: ``ulorl.reward.verifier_bench``.)
 
 Integer items (the embedded task, AIME, BeyondAIME) take the scorer's fast path; symbolic items
 (fractions, radicals, decimals vs fractions) need sympy in a worker. Also measured: worker start-up
@@ -18,7 +20,8 @@ import time
 from typing import Callable
 
 from ulorl.reward.scorer import RewardScorer
-from ulorl.reward.verify import compute_reward, parse_answer
+from ulorl.reward.compare import parse_answer
+from ulorl.reward.verify import compute_reward
 
 Item = tuple[str, str, bool]
 TOWER: Item = (r"\boxed{10^{10^{10}}}", "5", False)

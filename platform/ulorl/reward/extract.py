@@ -1,4 +1,13 @@
-"""Final-answer extraction: the content of the last ``\\boxed{...}`` of a response.
+"""Final-answer extraction from a response, in one of two modes (``reward.extraction``):
+
+``boxed``           the last ``\\boxed{...}`` (with the boxes written right before it, joined:
+                    ``\\boxed{-2} \\text{ and } \\boxed{1}`` -> ``-2, 1``); no box -> no answer.
+                    The training default: "no box -> 0" is a deliberate format incentive.
+``boxed_or_final``  the same, and when there is no box a final-answer statement: the last
+                    "final answer: X" / "the answer is X" / "Answer: X", else a response that is
+                    only an answer (one short line or one math span), else a lone option letter on
+                    the last line. For evaluating other models' outputs (``ulorl-eval``), judges'
+                    fallbacks and data cleaning.
 
 Pure string code (no sympy), cheap enough to run in the caller before any worker round trip.
 """
@@ -6,7 +15,10 @@ Pure string code (no sympy), cheap enough to run in the caller before any worker
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Literal, Optional
+
+ExtractionMode = Literal["boxed", "boxed_or_final"]
+EXTRACTION_MODES: tuple[str, ...] = ("boxed", "boxed_or_final")
 
 # \boxed or \fbox, not followed by a letter (so \boxeda is not a box command).
 _BOX_CMD = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
@@ -60,3 +72,117 @@ def extract_last_boxed(text: str) -> Optional[str]:
         return None if content is None else content.strip()
     arg = _bare_argument(text, pos)
     return None if arg is None else arg.strip()
+
+
+# Text allowed between two boxes of one final answer: separators, "and"/"or", spacing, delimiters.
+_BOX_GAP = re.compile(r"^(?:\s|[,;$.]|\\quad|\\qquad|\\[,;!]|\\[\[\]()]|\\text\s*\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*$")
+_MAX_BOX_GAP = 60
+_ANSWER_MARK = re.compile(
+    r"(?:final\s+answer|the\s+answer|^[ \t*#]*answer)\**\s*(?:is|would\s+be|should\s+be|[:=])?\s*:?\s*\**\s*",
+    re.IGNORECASE | re.MULTILINE,
+)
+_LONE_LETTER = re.compile(r"^\s*\**\s*\(?([A-J])\)?\s*\**\.?\s*$")
+_MAX_LONE_CHARS = 40
+_MAX_STATEMENT_CHARS = 200
+
+
+def _boxes(text: str) -> list[tuple[int, int, Optional[str]]]:
+    """(start, end, content) of every box; content None when the box never closes."""
+    out = []
+    for m in _BOX_CMD.finditer(text):
+        rest = text[m.end():]
+        stripped = rest.lstrip()
+        pos = m.end() + (len(rest) - len(stripped))
+        if stripped.startswith("{"):
+            content = braced_group(text, pos)
+            end = pos + len(content) + 2 if content is not None else len(text)
+        else:
+            content = _bare_argument(text, pos)
+            end = pos + len(content) if content is not None else len(text)
+        out.append((m.start(), end, None if content is None else content.strip()))
+    return out
+
+
+def extract_boxed_answer(text: str) -> Optional[str]:
+    """The last box, joined with the boxes written right before it (only separators, "and",
+    spacing between them): ``\\boxed{(3,3)} \\text{ and } \\boxed{(1,1)}`` -> ``(3,3), (1,1)``.
+
+    None when there is no box or the last box never closes; identical boxes count once.
+    """
+    boxes = _boxes(text)
+    if not boxes or boxes[-1][2] is None:
+        return None
+    parts = [boxes[-1][2]]
+    for j in range(len(boxes) - 2, -1, -1):
+        gap = text[boxes[j][1]: boxes[j + 1][0]]
+        if boxes[j][2] is None or len(gap) > _MAX_BOX_GAP or not _BOX_GAP.match(gap):
+            break
+        parts.insert(0, boxes[j][2])
+    parts = [p for p in parts if p]
+    if len(set(parts)) <= 1:
+        return parts[0] if parts else ""
+    return ", ".join(parts)
+
+
+def _math_span(s: str) -> Optional[str]:
+    """Content of the math span ``s`` starts with (``$..$``, ``$$..$$``, ``\\(..\\)``, ``\\[..\\]``)."""
+    for lo, hi in (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$")):
+        if s.startswith(lo):
+            i = len(lo)
+            while True:
+                j = s.find(hi, i)
+                if j < 0:
+                    return None
+                if hi == "$" and s[j - 1] == "\\":  # an escaped dollar (currency) inside
+                    i = j + 1
+                    continue
+                return s[len(lo):j].strip()
+    return None
+
+
+def _statement_value(tail: str) -> Optional[str]:
+    """The answer at the start of ``tail`` (the text after "the answer is"): a math span, else
+    the text up to the end of the sentence or line."""
+    t = tail.lstrip()
+    span = _math_span(t)
+    if span is not None:
+        return span or None
+    m = re.search(r"\n|(?<!\d)\.(?=\s|$)|\.(?=\s+[A-Z])|[!?](?=\s|$)|\s+I hope\b", t)
+    value = (t[: m.start()] if m else t).strip().strip("*").strip()
+    value = value.rstrip(".").strip()
+    return value if value and len(value) <= _MAX_STATEMENT_CHARS else None
+
+
+def extract_final_statement(text: str) -> Optional[str]:
+    """The answer of a response without a box: the last "final answer: X" / "the answer is X" /
+    "Answer: X"; else the whole response when it is only an answer (one short line, or one math
+    span); else a lone option letter on the last line. None when none of these is there."""
+    marks = list(_ANSWER_MARK.finditer(text))
+    for m in reversed(marks):
+        value = _statement_value(text[m.end():])
+        if value:
+            return value
+    s = text.strip()
+    if s:
+        span = _math_span(s)
+        if span is not None and len(span) + 4 >= len(s) - 2 and (s.endswith("$") or s.endswith("\\)") or s.endswith("\\]")):
+            return span or None
+        if "\n" not in s and len(s) <= _MAX_LONE_CHARS:
+            return s.rstrip(".").strip() or None
+        last = s.splitlines()[-1]
+        lm = _LONE_LETTER.match(last)
+        if lm:
+            return lm.group(1)
+    return None
+
+
+def extract_answer(text: str, mode: str = "boxed") -> Optional[str]:
+    """The final answer of ``text`` under extraction ``mode`` (see module doc); None = no answer."""
+    if mode not in EXTRACTION_MODES:
+        raise ValueError(f"unknown extraction mode {mode!r}; expected one of {EXTRACTION_MODES}")
+    boxed = extract_boxed_answer(text)
+    if boxed is not None or mode == "boxed":
+        return boxed
+    if _BOX_CMD.search(text):  # a box that never closes: cut mid-answer, no fallback
+        return None
+    return extract_final_statement(text)

@@ -7,9 +7,14 @@ caller has torch threads); an item that takes longer than ``timeout_s`` scores 0
 that item 0 (``stats["crashes"]``). Works from the main thread, any other thread, a thread pool
 and inside Ray tasks / actors.
 
-Fast path (no worker round trip): truncated responses, responses without a box and pairs where
-both the boxed answer and the reference are plain integers (``canonical_integer``): two plain
-integers are equal iff their canonical digit strings are, so the verdict is exact either way.
+Extraction (``extraction``, the config's ``reward.extraction``): ``boxed`` (training default) or
+``boxed_or_final`` (``ulorl.reward.extract``). Items are ``(response, reference, truncated)`` or
+``(response, reference, truncated, problem)``; the problem text (optional) lets the comparison
+map option letters to option texts and tell an ordered answer from a set.
+
+Fast path (no worker round trip): truncated responses, responses without an answer and pairs
+that string code decides exactly (``ulorl.reward.compare.fast_verdict``: two plain integers after
+normalisation, identical normalised answers, two option letters).
 
 Optional generative judge: when the rule check says 0 for an extracted answer (and it was not
 a proven integer mismatch, a timeout or a crash), ``judge.judge_many`` gets the pair; a YES
@@ -29,8 +34,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any, Optional, Protocol
 
-from ulorl.reward.extract import extract_last_boxed
-from ulorl.reward.verify import canonical_integer
+from ulorl.reward.compare import fast_verdict
+from ulorl.reward.extract import EXTRACTION_MODES, extract_answer
 
 _PR_SET_PDEATHSIG = 1
 
@@ -46,7 +51,7 @@ class ScorerError(RuntimeError):
 
 
 def _worker_main(conn: Connection, die_with_parent: bool) -> None:
-    """Worker loop: receive ``(tag, pred, ref)``, answer ``("ok", tag, bool)``; ``None`` = exit."""
+    """Worker loop: receive ``(tag, pred, ref, problem)``, answer ``("ok", tag, bool)``; ``None`` = exit."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     if die_with_parent and sys.platform.startswith("linux"):
         # Forkserver child. The fork server exits when every holder of its "alive" pipe is gone;
@@ -78,9 +83,9 @@ def _worker_main(conn: Connection, die_with_parent: bool) -> None:
             return
         if msg is None:
             return
-        tag, pred, ref = msg
+        tag, pred, ref, problem = msg
         try:
-            conn.send(("ok", tag, bool(verify_answer(pred, ref))))
+            conn.send(("ok", tag, bool(verify_answer(pred, ref, problem))))
         except Exception as exc:  # noqa: BLE001 -- any failure of one item is that item's 0
             conn.send(("err", tag, f"{type(exc).__name__}: {exc}"[:300]))
 
@@ -139,11 +144,15 @@ class RewardScorer:
         start_method: Optional[str] = None,
         startup_timeout_s: float = 120.0,
         max_start_failures: int = 3,
+        extraction: str = "boxed",
     ) -> None:
+        if extraction not in EXTRACTION_MODES:
+            raise ValueError(f"extraction must be one of {EXTRACTION_MODES}, got {extraction!r}")
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.extraction = extraction
         self.timeout_s = float(timeout_s)
         self.num_workers = int(num_workers)
         self.judge = judge
@@ -164,8 +173,9 @@ class RewardScorer:
 
     @classmethod
     def from_config(cls, cfg: Any, judge: Optional[Judge] = None) -> "RewardScorer":
-        """Build from a ``ulorl.config.RewardConfig`` (``timeout_s``, ``num_workers``)."""
-        return cls(timeout_s=cfg.timeout_s, num_workers=cfg.num_workers, judge=judge)
+        """Build from a ``ulorl.config.RewardConfig`` (``timeout_s``, ``num_workers``, ``extraction``)."""
+        return cls(timeout_s=cfg.timeout_s, num_workers=cfg.num_workers, judge=judge,
+                   extraction=getattr(cfg, "extraction", "boxed"))
 
     # ---- public API -------------------------------------------------------------------------
     @property
@@ -187,31 +197,36 @@ class RewardScorer:
         return self.score([(tokenizer.decode(s.response_ids, skip_special_tokens=True), s.answer,
                             s.status is SampleStatus.TRUNCATED) for s in samples])
 
-    def score(self, items: list[tuple[str, str, bool]]) -> list[float]:
-        """Rewards (1.0 / 0.0) for ``(response_text, reference, truncated)`` triples, in order."""
+    def extract(self, text: str) -> Optional[str]:
+        """The final answer of ``text`` under this scorer's extraction mode (None = no answer)."""
+        return extract_answer(text, self.extraction)
+
+    def score(self, items: list[tuple[Any, ...]]) -> list[float]:
+        """Rewards (1.0 / 0.0) for ``(response_text, reference, truncated[, problem])`` items, in order."""
         with self._lock:
             self._check_open()
             st = self._stats
             out = [0.0] * len(items)
             preds: list[Optional[str]] = [None] * len(items)
             slow: list[int] = []
-            for i, (text, ref, truncated) in enumerate(items):
+            for i, item in enumerate(items):
+                text, ref, truncated = item[0], item[1], item[2]
                 st.items += 1
                 if truncated:
                     st.truncated += 1
                     continue
-                pred = extract_last_boxed(text)
+                pred = extract_answer(text, self.extraction)
                 if not pred:
                     st.no_answer += 1
                     continue
-                a, b = canonical_integer(pred), canonical_integer(ref)
-                if a is not None and b is not None:
+                quick = fast_verdict(pred, ref)
+                if quick is not None:
                     st.fast_path += 1
-                    out[i] = 1.0 if a == b else 0.0
+                    out[i] = 1.0 if quick else 0.0
                     continue
                 preds[i] = pred
                 slow.append(i)
-            verdicts = self._run([(preds[i], items[i][1]) for i in slow])  # type: ignore[misc]
+            verdicts = self._run([(preds[i], items[i][1], _problem(items[i])) for i in slow])  # type: ignore[misc]
             ask: list[int] = []
             for i, v in zip(slow, verdicts):
                 if v:
@@ -227,21 +242,21 @@ class RewardScorer:
                         st.judge_flips += 1
             return out
 
-    def verify_many(self, pairs: list[tuple[str, str]]) -> list[Optional[bool]]:
-        """Time-bounded ``verify_answer(pred, ref)`` for short answers (no box extraction, no
-        judge). None = timed out or crashed (counted)."""
+    def verify_many(self, pairs: list[tuple[Any, ...]]) -> list[Optional[bool]]:
+        """Time-bounded ``verify_answer(pred, ref[, problem])`` for short answers (no extraction,
+        no judge). None = timed out or crashed (counted)."""
         with self._lock:
             self._check_open()
             out: list[Optional[bool]] = [None] * len(pairs)
             slow: list[int] = []
-            for i, (pred, ref) in enumerate(pairs):
-                a, b = canonical_integer(pred), canonical_integer(ref)
-                if a is not None and b is not None:
+            for i, pair in enumerate(pairs):
+                quick = fast_verdict(pair[0], pair[1]) if pair[0].strip() and pair[1].strip() else False
+                if quick is not None:
                     self._stats.fast_path += 1
-                    out[i] = a == b
+                    out[i] = quick
                 else:
                     slow.append(i)
-            for i, v in zip(slow, self._run([pairs[i] for i in slow])):
+            for i, v in zip(slow, self._run([(pairs[i][0], pairs[i][1], _problem(pairs[i], 2)) for i in slow])):
                 out[i] = v
             return out
 
@@ -249,7 +264,7 @@ class RewardScorer:
         """Start the workers now and wait until they are ready (else they start on first use)."""
         with self._lock:
             self._check_open()
-            self._run([("1", "1/1")] * self.num_workers)
+            self._run([("1", "1/1", None)] * self.num_workers)
 
     def close(self) -> None:
         """Stop every worker (idempotent)."""
@@ -304,7 +319,7 @@ class RewardScorer:
         except OSError:
             pass
 
-    def _run(self, pairs: list[tuple[str, str]]) -> list[Optional[bool]]:
+    def _run(self, pairs: list[tuple[str, str, Optional[str]]]) -> list[Optional[bool]]:
         """Verify ``pairs`` on the pool; None where an item timed out or its worker crashed."""
         out: list[Optional[bool]] = [None] * len(pairs)
         if not pairs:
@@ -326,7 +341,7 @@ class RewardScorer:
                 if w.state == "idle" and queue:
                     j = queue.popleft()
                     try:
-                        w.conn.send((j, pairs[j][0], pairs[j][1]))
+                        w.conn.send((j, pairs[j][0], pairs[j][1], pairs[j][2]))
                     except (OSError, BrokenPipeError):
                         queue.appendleft(j)
                         replace(w)
@@ -380,9 +395,14 @@ class RewardScorer:
         return out
 
 
+def _problem(item: tuple[Any, ...], index: int = 3) -> Optional[str]:
+    """The optional problem text of a scoring item (``None`` when absent)."""
+    return item[index] if len(item) > index and item[index] else None
+
+
 def score_batch(
-    items: list[tuple[str, str, bool]], timeout_s: float = 5.0, num_workers: int = 1
+    items: list[tuple[Any, ...]], timeout_s: float = 5.0, num_workers: int = 1, extraction: str = "boxed"
 ) -> tuple[list[float], dict[str, int]]:
     """One-shot ``RewardScorer`` (e.g. as a Ray task): ``(rewards, stats)``."""
-    with RewardScorer(timeout_s=timeout_s, num_workers=num_workers) as scorer:
+    with RewardScorer(timeout_s=timeout_s, num_workers=num_workers, extraction=extraction) as scorer:
         return scorer.score(items), scorer.stats

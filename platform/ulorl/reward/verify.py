@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Optional
+from typing import Optional
 
-from ulorl.reward.extract import extract_last_boxed
+from ulorl.reward.compare import answers_match, fast_verdict
+from ulorl.reward.extract import extract_answer
 
 _INT_RE = re.compile(r"^([+-]?)(\d+)$")
 
@@ -32,8 +33,8 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 def canonical_integer(text: str) -> Optional[str]:
     """``"+0042 "`` -> ``"42"``; ``"$-7$"`` -> ``"-7"``; None unless ``text`` is a plain integer.
 
-    Used by the scorer's fast path: two plain integers are equal iff their canonical strings are.
-    Thousands separators, decimals and units are *not* handled here (those go to math-verify).
+    Two plain integers are equal iff their canonical strings are. Thousands separators, decimals
+    and units are *not* handled here (``ulorl.reward.compare.fast_verdict`` normalises first).
     """
     s = text.strip()
     if s.startswith("$") and s.endswith("$") and len(s) >= 2:
@@ -46,57 +47,34 @@ def canonical_integer(text: str) -> Optional[str]:
     return sign + digits
 
 
-def parse_answer(text: str) -> list[Any]:
-    """Parse a short answer (box content or a reference) into math-verify's representation.
+def verify_answer(pred: str, reference: str, problem: Optional[str] = None) -> bool:
+    """True iff the predicted short answer is equivalent to the reference.
 
-    Bare LaTeX such as ``\\frac12`` parses to nothing unless delimited, so the text is tried as
-    ``\\boxed{text}`` first, then as plain text, then inside ``$...$``. Empty list = unparseable.
-    """
-    from math_verify import parse
-
-    s = text.strip()
-    if not s:
-        return []
-    if "\\boxed" in s or "$" in s or "\\(" in s or "\\[" in s:
-        candidates = [s]
-    else:
-        candidates = [f"\\boxed{{{s}}}", s, f"${s}$"]
-    for cand in candidates:
-        parsed = parse(cand, parsing_timeout=None)
-        if parsed:
-            return parsed
-    return []
-
-
-def verify_answer(pred: str, reference: str) -> bool:
-    """True iff the predicted short answer is equivalent to the reference (math-verify rules).
-
-    ``pred`` is the answer itself (e.g. the content of the last box), not a whole response.
-    Not time-bounded (see module doc); works from any thread.
+    ``pred`` is the answer itself (e.g. the content of the last box), not a whole response;
+    ``problem`` (optional) gives option texts and tells an ordered answer from a set. The rules
+    are in ``ulorl.reward.compare``. Not time-bounded (see module doc); works from any thread.
     """
     if not pred.strip() or not reference.strip():
         return False
-    a, b = canonical_integer(pred), canonical_integer(reference)
-    if a is not None and b is not None:
-        return a == b
-    from math_verify import verify
-
-    gold = parse_answer(reference)
-    target = parse_answer(pred)
-    if not gold or not target:
-        return False
-    return bool(verify(gold, target, timeout_seconds=None))
+    quick = fast_verdict(pred, reference)
+    if quick is not None:
+        return quick
+    return answers_match(pred, reference, problem)
 
 
-def compute_reward(response_text: str, reference: str, truncated: bool) -> float:
-    """Binary reward of one response: 1.0 iff not truncated and its last box matches the reference.
+def compute_reward(
+    response_text: str, reference: str, truncated: bool, extraction: str = "boxed", problem: Optional[str] = None
+) -> float:
+    """Binary reward of one response: 1.0 iff not truncated and its final answer matches.
 
-    No box (or an empty / unclosed last box) -> 0.0; truncated at the global max length -> 0.0
-    ("overlong = wrong", PAPER.md). Not time-bounded (see module doc).
+    ``extraction`` is ``boxed`` (training default: no box -> 0.0) or ``boxed_or_final`` (a final
+    answer statement when there is no box; ``ulorl.reward.extract``). An empty / unclosed last box
+    -> 0.0; truncated at the global max length -> 0.0 ("overlong = wrong", PAPER.md). Not
+    time-bounded (see module doc).
     """
     if truncated:
         return 0.0
-    pred = extract_last_boxed(response_text)
+    pred = extract_answer(response_text, extraction)
     if not pred:
         return 0.0
-    return 1.0 if verify_answer(pred, reference) else 0.0
+    return 1.0 if verify_answer(pred, reference, problem) else 0.0

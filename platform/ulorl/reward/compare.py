@@ -1,0 +1,297 @@
+"""Comparison of a predicted short answer with a reference: structure first, math-verify last.
+
+The order of the checks in ``answers_match``:
+
+1. both normalised (``ulorl.reward.normalize``) and identical -> equal;
+2. multiple choice: letter vs letter, and a letter vs an option's text when ``problem`` lists
+   options (``(A) ...``, ``A. ...``, ``A) ...``);
+3. lists: a reference of several top-level items (``2, 4, 3``; ``(1,2), (3,4)``) needs the same
+   number of items, compared in order unless the reference is a set (``\\{...\\}``, or the problem
+   asks for all solutions / roots / values and not for an order);
+4. function definitions: ``f(x)=2x`` vs ``f(y)=2y`` compare the right-hand sides after renaming
+   the variable;
+5. math-verify, except that two *exact* constants (no floats, no variables) compare exactly
+   (math-verify's numeric test rounds ``2^{1009}/(2^{1009}+2018) - 2^{1009}/(2^{1009}+1009)`` to 0).
+
+Steps 1-4 are string code; step 5 imports sympy / math-verify and is not time-bounded (the
+scorer runs it in worker processes, see ``ulorl.reward.scorer``).
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import permutations
+from typing import Any, Optional
+
+from ulorl.reward.normalize import (
+    has_percent,
+    normalize_answer,
+    option_letter,
+    plain_thousands,
+    strip_escaped_dollars,
+    strip_math_delimiters,
+)
+
+_OPEN, _CLOSE = "([{", ")]}"
+_SET_WORDS = re.compile(r"\ball\b|\bsolutions\b|\broots\b|\bvalues\b|\bany order\b|\bzeros\b", re.I)
+_ORDER_WORDS = re.compile(r"\border\b|\brespectively\b|\bordered\b|\bin that order\b", re.I)
+_FUNC_DEF = re.compile(r"^([A-Za-z])\s*\(\s*([A-Za-z])\s*\)\s*=\s*(.+)$")
+_OPTION_MARK = re.compile(r"(?:^|[\s$])\(?([A-J])[).:]\s+|\(([A-J])\)\s*")
+_INT = re.compile(r"^[+-]?\d+$")
+MAX_ITEMS_PERMUTED = 6  # set comparison tries every order up to this many items (6! = 720)
+
+
+def split_items(s: str) -> list[str]:
+    """Top-level comma / semicolon / "and" separated items: ``(1,2), (3,4)`` -> two tuples.
+
+    Brackets of any kind open and close nesting (``[0,1)`` is one interval); ``\\{1,2\\}`` is one
+    set. ``1,000`` style thousands are one number (see ``normalize.plain_thousands``).
+    """
+    t = s.strip()
+    if plain_thousands(t) is not None:
+        return [t]
+    t = re.sub(r"\\text\s*\{\s*(and|or)\s*\}", r",", t)
+    t = re.sub(r"\s+(?:and|or)\s+|(?<=[)\]}])\s*(?:and|or)\s*(?=[(\[{])", ",", t)
+    out, depth, cur, i = [], 0, [], 0
+    while i < len(t):
+        c = t[i]
+        if c == "\\" and i + 1 < len(t):
+            if t[i + 1] in "{}":
+                depth += 1 if t[i + 1] == "{" else -1
+            cur.append(t[i : i + 2])
+            i += 2
+            continue
+        if c in _OPEN:
+            depth += 1
+        elif c in _CLOSE:
+            depth -= 1
+        if c in ",;" and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(c)
+        i += 1
+    out.append("".join(cur).strip())
+    return [x for x in out if x]
+
+
+_TUPLE = re.compile(r"^\(.*\)$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=[^=]")
+
+
+def unwrap_set(s: str) -> str:
+    """``\\{1, 2\\}`` -> ``1, 2`` (the items of a set literal); other strings unchanged."""
+    t = s.strip()
+    if t.startswith("\\{") and t.endswith("\\}") and len(split_items(t)) == 1:
+        return t[2:-2].strip()
+    return t
+
+
+def written_as_set(reference: str) -> bool:
+    """The raw reference is a set literal: ``\\{...\\}``, or ``{...}`` in plain text."""
+    t = strip_math_delimiters(strip_escaped_dollars(reference)).strip()
+    return (t.startswith("\\{") and t.endswith("\\}")) or (t.startswith("{") and t.endswith("}") and "," in t)
+
+
+def _dedupe(items: list[str]) -> list[str]:
+    seen, out = set(), []
+    for x in items:
+        key = re.sub(r"\s+", "", x)
+        if key not in seen:
+            seen.add(key)
+            out.append(x)
+    return out
+
+
+def is_set_reference(reference: str, problem: Optional[str]) -> bool:
+    """Order-free comparison of list items: the reference is written as a set, it lists tuples
+    (solutions ``(1,2), (2,1)``) or named values (``a_3 = 2, a_{37} = 19``), or the problem asks
+    for all solutions / roots / values (and does not ask for an order)."""
+    r = reference.strip()
+    if r.startswith("\\{") and r.endswith("\\}"):
+        return True
+    items = split_items(r)
+    if len(items) > 1 and (all(_TUPLE.match(x) for x in items) or all(_ASSIGNMENT.match(x) for x in items)):
+        return True
+    if problem:
+        return bool(_SET_WORDS.search(problem)) and not _ORDER_WORDS.search(problem)
+    return False
+
+
+def parse_options(problem: Optional[str]) -> dict[str, str]:
+    """Option letter -> option text of a multiple-choice problem; {} when it lists none.
+
+    Recognised: ``(A) 5 (B) 6``, ``A. 5\\nB. 6``, ``A) 5``, ``$\\textbf{(A) } 5$``. Options must
+    run A, B, C ... in order; their text ends where the next option starts.
+    """
+    if not problem:
+        return {}
+    text = re.sub(r"\\(?:textbf|text|mathrm)\s*\{\s*(\(?[A-J]\)?[.:]?)\s*\}", r" \1 ", problem)
+    marks = [(m.start(), m.end(), m.group(1) or m.group(2)) for m in _OPTION_MARK.finditer(text)]
+    expected, chosen = "A", []
+    for start, end, letter in marks:
+        if letter == expected:
+            chosen.append((start, end, letter))
+            expected = chr(ord(expected) + 1)
+    if len(chosen) < 2:
+        return {}
+    out = {}
+    for j, (start, end, letter) in enumerate(chosen):
+        stop = chosen[j + 1][0] if j + 1 < len(chosen) else len(text)
+        body = text[end:stop].strip().strip("$").strip().rstrip(",;").strip()
+        out[letter] = body
+    return out
+
+
+def function_rhs(s: str) -> Optional[tuple[str, str, str]]:
+    """``f(x) = 2x+1`` -> ``("f", "x", "2x+1")``; None if ``s`` is not a one-variable definition."""
+    m = _FUNC_DEF.match(s.strip())
+    return (m.group(1), m.group(2), m.group(3).strip()) if m else None
+
+
+def rename_variable(expr: str, old: str, new: str) -> str:
+    """Rename a one-letter variable in LaTeX, leaving commands (``\\sqrt``) and longer names alone."""
+    return re.sub(rf"(?<![\\A-Za-z]){re.escape(old)}(?![A-Za-z])", new, expr)
+
+
+def fast_verdict(pred: str, reference: str) -> Optional[bool]:
+    """A verdict from string code alone, or None when sympy is needed.
+
+    Exact either way: two plain integers (after normalisation) are equal iff their digits are;
+    identical normalised strings are equal; two option letters are equal iff they are the same.
+    """
+    p, r = normalize_answer(pred), normalize_answer(reference)
+    if not p or not r:
+        return False
+    if p == r:
+        return True
+    if _INT.match(p) and _INT.match(r):
+        return int(p) == int(r)
+    lp, lr = option_letter(p), option_letter(r)
+    if lp is not None and lr is not None:
+        return lp == lr
+    return None
+
+
+def answers_match(pred: str, reference: str, problem: Optional[str] = None, depth: int = 0) -> bool:
+    """True iff ``pred`` is the same answer as ``reference`` (see module doc for the rules)."""
+    p, r = normalize_answer(pred), normalize_answer(reference)
+    if not p or not r:
+        return False
+    quick = fast_verdict(p, r)
+    if quick is True or (quick is False and not has_percent(reference)):
+        return True if quick else False
+    if has_percent(reference) and depth == 0 and not has_percent(pred):
+        # 10\% may be answered as 10 or as 0.1
+        if answers_match(p, r, None, depth + 1) or answers_match(p, f"\\frac{{{r}}}{{100}}", None, depth + 1):
+            return True
+        return False
+    p, r = p.replace(";", ","), r.replace(";", ",")
+    options = parse_options(problem)
+    lp, lr = option_letter(p), option_letter(r)
+    if options and depth == 0:
+        if lr is not None and lp is None and lr in options:
+            return answers_match(p, options[lr], None, depth + 1)
+        if lp is not None and lr is None and lp in options:
+            return answers_match(options[lp], r, None, depth + 1)
+    if lr is not None and lp is None and not options:
+        return False  # a letter reference needs a letter (or the option texts to map to)
+    ref_items, pred_items = split_items(unwrap_set(r)), split_items(unwrap_set(p))
+    if len(ref_items) > 1 or len(pred_items) > 1:
+        as_set = written_as_set(reference) or is_set_reference(r, problem)
+        if as_set:  # a set lists each element once
+            ref_items, pred_items = _dedupe(ref_items), _dedupe(pred_items)
+        if len(ref_items) != len(pred_items):
+            return False
+        return items_match(pred_items, ref_items, as_set, depth)
+    fp, fr = function_rhs(p), function_rhs(r)
+    if fp is not None and fr is not None:
+        return math_equal(rename_variable(fp[2], fp[1], fr[1]), fr[2])
+    return math_equal(p, r)
+
+
+def items_match(pred_items: list[str], ref_items: list[str], as_set: bool, depth: int) -> bool:
+    """Item-wise comparison: in order, or (``as_set``) in some order (all orders up to
+    ``MAX_ITEMS_PERMUTED`` items, else sorted pairing by normalised text)."""
+    def eq(a: str, b: str) -> bool:
+        return answers_match(a, b, None, depth + 1)
+
+    if not as_set:
+        return all(eq(a, b) for a, b in zip(pred_items, ref_items))
+    if len(ref_items) > MAX_ITEMS_PERMUTED:
+        return all(eq(a, b) for a, b in zip(sorted(pred_items), sorted(ref_items)))
+    cache: dict[tuple[int, int], bool] = {}
+
+    def eq_ij(i: int, j: int) -> bool:
+        if (i, j) not in cache:
+            cache[(i, j)] = eq(pred_items[i], ref_items[j])
+        return cache[(i, j)]
+
+    n = len(ref_items)
+    return any(all(eq_ij(i, perm[i]) for i in range(n)) for perm in permutations(range(n)))
+
+
+# ---- sympy / math-verify (worker side) ---------------------------------------------------------
+def parse_answer(text: str) -> list[Any]:
+    """Parse a short answer into math-verify's representation; [] = unparseable.
+
+    Bare LaTeX such as ``\\frac12`` parses to nothing unless delimited, so the text is tried as
+    ``\\boxed{text}`` first, then as plain text, then inside ``$...$``.
+    """
+    from math_verify import parse
+
+    s = text.strip()
+    if not s:
+        return []
+    if "\\boxed" in s or "$" in s or "\\(" in s or "\\[" in s:
+        candidates = [s]
+    else:
+        candidates = [f"\\boxed{{{s}}}", s, f"${s}$"]
+    for cand in candidates:
+        parsed = parse(cand, parsing_timeout=None)
+        if parsed:
+            return parsed
+    return []
+
+
+def _is_exact_constant(x: Any) -> bool:
+    import sympy
+
+    return (isinstance(x, sympy.Expr) and not x.free_symbols and not x.atoms(sympy.Float)
+            and not isinstance(x, sympy.logic.boolalg.Boolean))
+
+
+def exact_equal(a: Any, b: Any) -> Optional[bool]:
+    """Exact verdict for two exact constants (no floats, no variables); None otherwise."""
+    import sympy
+
+    if not (_is_exact_constant(a) and _is_exact_constant(b)):
+        return None
+    diff = a - b
+    if diff == 0:
+        return True
+    if diff.is_Rational:  # sympy already evaluated it exactly: a nonzero rational
+        return False
+    try:
+        if sympy.simplify(diff) == 0:
+            return True
+        # A nonzero value at high precision (no chop) proves a difference, however small.
+        val = diff.evalf(30)
+        if val.is_Number and val != 0:
+            return False
+    except Exception:  # noqa: BLE001 -- undecided: let math-verify judge
+        return None
+    return None
+
+
+def math_equal(pred: str, reference: str) -> bool:
+    """math-verify's verdict on two short answers, exact for exact constants. Not time-bounded."""
+    from math_verify import verify
+
+    gold, target = parse_answer(reference), parse_answer(pred)
+    if not gold or not target:
+        return False
+    exact = exact_equal(gold[0], target[0])
+    if exact is not None:
+        return exact
+    return bool(verify(gold, target, timeout_seconds=None))

@@ -1,0 +1,179 @@
+"""String normalisation of short answers before comparison (pure string code, no sympy).
+
+Each function does one thing and is safe on any answer; the decorations of a *number* (units,
+``\\text{}``, degrees, percent, currency, thousands separators) are removed only when what is left
+is a number, so ``\\text{all odd } n`` stays as it is.
+
+    >>> normalize_answer(r"\\$31,800")
+    '31800'
+    >>> normalize_answer(r"8\\sqrt{3}\\text{ square inches}")
+    '8\\\\sqrt{3}'
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from ulorl.reward.extract import braced_group, extract_boxed_answer
+
+# Spacing / sizing commands with no mathematical meaning.
+_SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\q?quad(?![A-Za-z])|\\displaystyle(?![A-Za-z])|~")
+# "12,\!000" (the MATH dataset's thousands notation) before spacing is dropped.
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:,\\!|\{,\}|,\\,)\s*(?=\d{3}(?!\d))")
+# "\\frac" written with a doubled backslash (an escaping slip in the source) -> "\frac".
+_DOUBLED_BACKSLASH = re.compile(r"\\\\(?=[A-Za-z]{2,})")
+_LEFT_RIGHT = re.compile(r"\\(?:left|right|big|Big|bigg|Bigg)(?![A-Za-z])\s*(\\?[()\[\]{}|.])")
+_FRAC_VARIANTS = re.compile(r"\\[dtc]frac(?![A-Za-z])")
+_DEGREES = re.compile(r"\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degree|\^\s*\{\s*o\s*\})")
+_PERCENT = re.compile(r"\s*(?:\\%|%|\\text\{\s*%\s*\}|\s+percent\b|\s+pct\b)\s*$")
+_TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm|mathbf|operatorname)\s*\{")
+# A trailing run of unit words ("cm", "square inches", "dollars", "m^2") after a number.
+_UNIT_WORDS = re.compile(r"\s*(?:[A-Za-z]+\.?(?:\^\{?\d\}?)?(?:\s+|$))+$")
+_THOUSANDS = re.compile(r"^([+-]?)(\d{1,3}(?:(?:,|\{,\}|\\,|\\!|\\ | )\d{3})+)(\.\d+)?$")
+_THOUSANDS_SEP = re.compile(r"\{,\}|\\,|\\!|\\ |,| ")
+# LaTeX commands that keep an expression numeric (constants and operators, no variables).
+_NUMERIC_CMDS = ("frac", "sqrt", "pi", "cdot", "times", "div", "pm", "mp", "infty", "ln", "log", "exp", "sin",
+                 "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "e")
+_NUMERIC_CMD_RE = re.compile(r"\\(?:" + "|".join(_NUMERIC_CMDS) + r")(?![A-Za-z])")
+_NUMBER_CHARS = re.compile(r"^[\d\s.+\-*/^(){}\[\]]*\d[\d\s.+\-*/^(){}\[\]]*$")
+_OPTION = re.compile(r"^\(?\s*([A-J])\s*\)?\s*[.:]?$")
+
+
+def strip_math_delimiters(s: str) -> str:
+    """``$x$`` / ``$$x$$`` / ``\\(x\\)`` / ``\\[x\\]`` around the whole string -> ``x`` (repeatedly)."""
+    s = s.strip()
+    while True:
+        before = s
+        if len(s) >= 4 and s.startswith("$$") and s.endswith("$$"):
+            s = s[2:-2].strip()
+        elif len(s) >= 2 and s.startswith("$") and s.endswith("$") and not s.endswith("\\$"):
+            s = s[1:-1].strip()
+        for lo, hi in (("\\(", "\\)"), ("\\[", "\\]")):
+            if len(s) >= 4 and s.startswith(lo) and s.endswith(hi):
+                s = s[2:-2].strip()
+        if s == before:
+            return s
+
+
+def strip_outer_box(s: str) -> str:
+    """``\\boxed{x}`` spanning the whole string -> ``x``."""
+    m = re.match(r"\s*\\(?:boxed|fbox)\s*\{", s)
+    if m:
+        inner = braced_group(s, m.end() - 1)
+        if inner is not None and s.rstrip().endswith("}") and m.end() + len(inner) + 1 == len(s.rstrip()):
+            return inner.strip()
+    return s
+
+
+def strip_outer_braces(s: str) -> str:
+    """A plain ``{...}`` group around the whole string (LaTeX grouping, not a set) -> its content."""
+    if s.startswith("{") and s.endswith("}"):
+        inner = braced_group(s, 0)
+        if inner is not None and len(inner) + 2 == len(s):
+            return inner.strip()
+    return s
+
+
+def boxed_content(s: str) -> str:
+    """A reference written with boxes (``$\\boxed{1}\\boxed{2}$``, a worked solution ending in a
+    box) -> the boxed answer (``1, 2``); other strings unchanged."""
+    if "\\boxed" not in s and "\\fbox" not in s:
+        return s
+    inner = extract_boxed_answer(s)
+    return inner if inner else s
+
+
+def strip_escaped_dollars(s: str) -> str:
+    """Remove currency signs: ``\\$16.56`` -> ``16.56`` (``\\$`` is text, never a math delimiter)."""
+    return s.replace("\\$", "")
+
+
+def strip_spacing(s: str) -> str:
+    """Drop spacing / sizing commands and ``\\dfrac``/``\\tfrac`` variants (``\\left(`` -> ``(``)."""
+    s = _LEFT_RIGHT.sub(r"\1", s)
+    s = _FRAC_VARIANTS.sub(r"\\frac", s)
+    s = _SPACING.sub(" ", s)
+    return re.sub(r"\s+", " ", s).strip()
+
+
+def strip_trailing_period(s: str) -> str:
+    return s[:-1].rstrip() if s.endswith(".") and not s.endswith("...") else s
+
+
+def is_numeric_expression(s: str) -> bool:
+    """True for a constant expression: digits, operators, ``\\frac``/``\\sqrt``/``\\pi`` ..., no variables."""
+    t = _NUMERIC_CMD_RE.sub(" ", s)
+    return bool(_NUMBER_CHARS.match(t))
+
+
+def plain_thousands(s: str) -> Optional[str]:
+    """``1,000`` / ``1 000`` / ``12,\\!000`` / ``1{,}000.5`` -> ``1000`` / ``1000.5``; None if not one."""
+    m = _THOUSANDS.match(s.strip())
+    if m is None:
+        return None
+    return m.group(1) + _THOUSANDS_SEP.sub("", m.group(2)) + (m.group(3) or "")
+
+
+def _strip_trailing_text(s: str) -> str:
+    """Remove a trailing ``\\text{...}`` group (``8\\sqrt{3}\\text{ square inches}`` -> ``8\\sqrt{3}``)."""
+    for m in reversed(list(_TEXT_CMD.finditer(s))):
+        inner = braced_group(s, m.end() - 1)
+        if inner is not None and m.end() + len(inner) + 1 == len(s):
+            return s[: m.start()].rstrip()
+    return s
+
+
+def strip_number_decorations(s: str) -> str:
+    """Units, ``\\text{}``, degrees, percent and thousands separators around a *number* removed.
+
+    Only applied when the result is a numeric expression; otherwise ``s`` comes back unchanged,
+    so ``\\text{all odd } n`` or ``x^\\circ`` of a variable keep their meaning.
+    """
+    t = s.strip()
+    for _ in range(4):  # "12.5\%", "30^\circ", "5 \text{ cm}^2", "\$1,000 dollars" ...
+        before = t
+        t = _DEGREES.sub("", t).strip()
+        t = _PERCENT.sub("", t).strip()
+        t = _strip_trailing_text(t)
+        t = re.sub(r"\^\{?\d\}?$", "", t) if re.search(r"[A-Za-z}]\^\{?\d\}?$", t) and "\\" not in t else t
+        stripped_units = _UNIT_WORDS.sub("", t).strip()
+        if stripped_units and stripped_units != t and is_numeric_expression(stripped_units):
+            t = stripped_units
+        if t == before:
+            break
+    plain = plain_thousands(t)
+    if plain is not None:
+        t = plain
+    if t and is_numeric_expression(t):
+        return t
+    plain = plain_thousands(s.strip())
+    return plain if plain is not None else s.strip()
+
+
+def option_letter(s: str) -> Optional[str]:
+    """The option letter of a multiple-choice answer: ``(B)``, ``B``, ``\\text{(B)}``, ``B.`` -> ``B``."""
+    t = strip_math_delimiters(s.strip())
+    t = re.sub(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}", r"\1", t).strip().strip("*").strip()
+    m = _OPTION.match(t)
+    return m.group(1) if m else None
+
+
+def normalize_answer(s: str) -> str:
+    """A short answer in comparable form: delimiters, an outer box, currency, spacing, a trailing
+    period and the decorations of a number removed."""
+    t = _DOUBLED_BACKSLASH.sub(r"\\", s)
+    t = strip_escaped_dollars(t)
+    t = strip_math_delimiters(t)
+    t = boxed_content(t)
+    t = strip_math_delimiters(t)
+    t = _LATEX_THOUSANDS.sub(",", t)
+    t = strip_spacing(t)
+    t = strip_outer_braces(t)
+    t = strip_trailing_period(t)
+    return strip_number_decorations(t)
+
+
+def has_percent(s: str) -> bool:
+    """True when the answer is a number followed by a percent sign (``12.5\\%``, ``12.5%``)."""
+    return bool(_PERCENT.search(strip_math_delimiters(s.strip()).rstrip(".")))

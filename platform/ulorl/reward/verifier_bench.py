@@ -1,0 +1,182 @@
+"""``ulorl-bench verifier``: agreement of the reward verifier with labelled responses, and its speed.
+
+    ulorl-bench verifier LABELLED.jsonl                              # table on stdout
+    ulorl-bench verifier LABELLED.jsonl --extraction boxed_or_final --json --out rows.jsonl
+    ulorl-bench verifier --synthetic                                 # per-item cost, no labels
+
+Each row of LABELLED.jsonl: ``response`` (str), ``answer`` (str, the reference), ``label`` (bool:
+is the response right), optional ``problem`` (option texts, ordered answer vs set) and ``source``.
+Every row is scored by ``RewardScorer.score`` -- the trainer's code path (``--extraction boxed``,
+the training default) or ulorl-eval's (``boxed_or_final``) -- in its time-bounded worker
+processes. Reported overall and per source: agreement with the labels, false positives (scored 1,
+labelled wrong), false negatives, and items/s (scoring only, after the workers are warm); also
+the agreement on the rows whose response contains a box. ``--out`` writes one JSON line per row
+(extracted answer, score, label, agree) for reading the disagreements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from typing import Any, Optional
+
+from ulorl.reward.extract import EXTRACTION_MODES, extract_answer
+
+REQUIRED = ("response", "answer", "label")
+
+
+class LabelledDataError(ValueError):
+    """A malformed labelled file (the message names the file and line)."""
+
+
+def load_labelled(path: str) -> list[dict[str, Any]]:
+    """Rows of a labelled JSONL file, checked: ``response``/``answer`` strings, ``label`` bool."""
+    rows = []
+    try:
+        fh = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise LabelledDataError(f"{path}: cannot open: {exc}") from None
+    with fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise LabelledDataError(f"{path}:{n}: not JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise LabelledDataError(f"{path}:{n}: expected an object, got {type(row).__name__}")
+            for key in REQUIRED:
+                if key not in row:
+                    raise LabelledDataError(f"{path}:{n}: missing key {key!r}")
+            if not isinstance(row["response"], str) or not isinstance(row["answer"], (str, int, float)):
+                raise LabelledDataError(f"{path}:{n}: 'response' must be a string and 'answer' a string or number")
+            if not isinstance(row["label"], bool):
+                raise LabelledDataError(f"{path}:{n}: 'label' must be true or false, got {row['label']!r}")
+            row["answer"] = str(row["answer"])
+            rows.append(row)
+    if not rows:
+        raise LabelledDataError(f"{path}: no rows")
+    return rows
+
+
+def _counts(pairs: list[tuple[bool, bool]]) -> dict[str, Any]:
+    """{n, agreement, false_positives, false_negatives} of (scored, label) pairs."""
+    n = len(pairs)
+    fp = sum(1 for s, lab in pairs if s and not lab)
+    fn = sum(1 for s, lab in pairs if lab and not s)
+    return {"n": n, "agreement": (n - fp - fn) / n if n else None, "false_positives": fp, "false_negatives": fn}
+
+
+def score_labelled(
+    rows: list[dict[str, Any]], extraction: str = "boxed", num_workers: int = 1, timeout_s: float = 5.0,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(summary, per-row results) of scoring ``rows`` with a ``RewardScorer``."""
+    from ulorl.reward.scorer import RewardScorer
+
+    items = [(r["response"], r["answer"], False, r.get("problem")) for r in rows]
+    with RewardScorer(timeout_s=timeout_s, num_workers=num_workers, extraction=extraction) as scorer:
+        scorer.warmup()
+        t0 = time.perf_counter()
+        scores = scorer.score(items)
+        elapsed = time.perf_counter() - t0
+        stats = scorer.stats
+    per_row, by_src = [], defaultdict(list)
+    for r, s in zip(rows, scores):
+        scored = s >= 1.0
+        src = str(r.get("source") or "unknown")
+        by_src[src].append((scored, r["label"]))
+        per_row.append({
+            "source": src, "origin": r.get("origin"), "answer": r["answer"],
+            "extracted": extract_answer(r["response"], extraction), "score": s, "label": r["label"],
+            "agree": scored == r["label"], "has_box": "\\boxed" in r["response"] or "\\fbox" in r["response"],
+        })
+    summary = _counts([(p["score"] >= 1.0, p["label"]) for p in per_row])
+    boxed = [(p["score"] >= 1.0, p["label"]) for p in per_row if p["has_box"]]
+    summary.update({
+        "extraction": extraction, "items_per_s": len(rows) / elapsed if elapsed > 0 else None,
+        "seconds": elapsed, "num_workers": num_workers, "timeout_s": timeout_s,
+        "by_source": {k: _counts(v) for k, v in sorted(by_src.items())},
+        "with_box": _counts(boxed), "scorer_stats": stats,
+    })
+    return summary, per_row
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Plain-text table of a ``score_labelled`` summary."""
+    def line(name: str, c: dict[str, Any]) -> str:
+        agr = f"{100 * c['agreement']:.2f}%" if c["agreement"] is not None else "-"
+        return f"{name:<34} {c['n']:>6} {agr:>9} {c['false_positives']:>5} {c['false_negatives']:>5}"
+
+    out = [f"verifier agreement (extraction={summary['extraction']}, {summary['num_workers']} worker(s), "
+           f"{summary['items_per_s']:.1f} items/s)",
+           f"{'source':<34} {'n':>6} {'agree':>9} {'FP':>5} {'FN':>5}"]
+    for src, c in summary["by_source"].items():
+        out.append(line(src, c))
+    out.append(line("responses with a box", summary["with_box"]))
+    out.append(line("all", summary))
+    return "\n".join(out)
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Register the ``verifier`` subcommand on an ``argparse`` subparsers object."""
+    v = sub.add_parser("verifier", help="reward verifier vs labelled responses: agreement, FP/FN, items/s",
+                       description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    v.add_argument("labelled", nargs="?", default=None,
+                   help="JSONL with response, answer, label (bool), optional problem and source")
+    v.add_argument("--extraction", choices=EXTRACTION_MODES, default="boxed",
+                   help="answer extraction: boxed (training default) | boxed_or_final (ulorl-eval default)")
+    v.add_argument("--workers", type=int, default=1, help="scorer worker processes")
+    v.add_argument("--timeout-s", type=float, default=5.0, help="time bound of one rule check")
+    v.add_argument("--json", action="store_true",
+                   help="print one JSON object (n, agreement, false_positives, false_negatives, items_per_s, by_source, ...)")
+    v.add_argument("--out", default=None, help="write per-row results (JSON lines) to this file")
+    v.add_argument("--synthetic", action="store_true",
+                   help="instead: per-item cost of the verifier on synthetic integer / symbolic items (no labels)")
+    v.add_argument("--n-int", type=int, default=500, help="--synthetic: integer items")
+    v.add_argument("--n-sym", type=int, default=300, help="--synthetic: symbolic items")
+    v.add_argument("--synthetic-workers", default="1,2", help="--synthetic: comma-separated worker counts")
+    return v
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run ``ulorl-bench verifier`` with parsed ``args``; returns the exit code."""
+    if args.synthetic:
+        from ulorl.reward.bench import run as run_synthetic
+
+        workers = [int(x) for x in args.synthetic_workers.split(",") if x.strip()]
+        print(json.dumps(run_synthetic(args.n_int, args.n_sym, workers, 0, args.timeout_s)))
+        return 0
+    if not args.labelled:
+        print("ulorl-bench verifier: error: give LABELLED.jsonl (or --synthetic)", file=sys.stderr)
+        return 2
+    if args.workers < 1 or args.timeout_s <= 0:
+        print("ulorl-bench verifier: error: --workers must be >= 1 and --timeout-s > 0", file=sys.stderr)
+        return 2
+    try:
+        rows = load_labelled(args.labelled)
+    except LabelledDataError as exc:
+        print(f"ulorl-bench verifier: error: {exc}", file=sys.stderr)
+        return 2
+    summary, per_row = score_labelled(rows, args.extraction, args.workers, args.timeout_s)
+    summary["labelled"] = args.labelled
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            for p in per_row:
+                fh.write(json.dumps(p, ensure_ascii=False) + "\n")
+    print(json.dumps(summary) if args.json else format_summary(summary))
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ulorl.reward.verifier_bench")
+    add_parser(p.add_subparsers(dest="command", required=True))
+    return run_cli(p.parse_args(["verifier", *(argv if argv is not None else sys.argv[1:])]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -154,6 +154,21 @@ def rename_variable(expr: str, old: str, new: str) -> str:
     return re.sub(rf"(?<![\\A-Za-z]){re.escape(old)}(?![A-Za-z])", new, expr)
 
 
+_TEXT_GROUP = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm|operatorname)\s*\{([^{}]*)\}")
+_CONNECTIVES = {"and", "or", "for", "of", "the", "a", "an"}
+
+
+def text_words(s: str) -> frozenset[str]:
+    """Lower-cased words inside ``\\text{}`` groups of an answer that is not a single text group
+    (``n \\text{ odd}`` -> {"odd"}); connectives ignored. A whole-answer ``\\text{Even}`` gives {}."""
+    t = s.strip()
+    groups = list(_TEXT_GROUP.finditer(t))
+    if not groups or (len(groups) == 1 and groups[0].start() == 0 and groups[0].end() == len(t)):
+        return frozenset()
+    words = {w.lower() for g in groups for w in re.findall(r"[A-Za-z]{2,}", g.group(1))}
+    return frozenset(words - _CONNECTIVES)
+
+
 def fast_verdict(pred: str, reference: str) -> Optional[bool]:
     """A verdict from string code alone, or None when sympy is needed.
 
@@ -204,8 +219,12 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
         if len(ref_items) != len(pred_items):
             return False
         return items_match(pred_items, ref_items, as_set, depth)
+    if text_words(p) != text_words(r):
+        return False  # "n \\text{ odd}" is not "n": words of a non-numeric answer must match
     fp, fr = function_rhs(p), function_rhs(r)
     if fp is not None and fr is not None:
+        if fp[1] != fr[1] and rename_variable(fp[2], fr[1], "\0") != fp[2]:
+            return False  # f(y) = 2x: the reference's variable is free in the prediction
         return math_equal(rename_variable(fp[2], fp[1], fr[1]), fr[2])
     return math_equal(p, r)
 

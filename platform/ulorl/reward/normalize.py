@@ -94,6 +94,8 @@ def strip_spacing(s: str) -> str:
     s = _LEFT_RIGHT.sub(r"\1", s)
     s = _FRAC_VARIANTS.sub(r"\\frac", s)
     s = _SPACING.sub(" ", s)
+    s = re.sub(r"(?<!\\)([(\[])\s+", r"\1", s)
+    s = re.sub(r"\s+([)\]])", r"\1", s)
     return re.sub(r"\s+", " ", s).strip()
 
 

@@ -92,6 +92,10 @@ class RewardConfig(_Section):
     num_workers: int = Field(1, ge=1)
     judge_model: Optional[str] = Field(None, description="path/HF id of a judge model; None = judge off")
     judge_max_new_tokens: int = Field(64, ge=1)
+    extraction: Literal["boxed", "boxed_or_final"] = Field(
+        "boxed", description="final-answer extraction: 'boxed' = last \\boxed{} only, no box -> reward 0 (the "
+        "training format incentive); 'boxed_or_final' = else a final-answer statement ('the answer is X', "
+        "'Final answer: X', a lone option letter), for scoring other models' outputs (ulorl-eval's default)")
 
 
 class MPTConfig(_Section):

@@ -7,6 +7,9 @@
     ulorl-eval --benchmark heldout --k 4 --model runs:/<run_id>/checkpoints/final --parent-run-id <run_id>
 
 Sampling defaults to the paper's evaluation settings (temperature 0.85, top_p 0.95, top_k 20).
+Answers are extracted with ``--extraction`` (default ``boxed_or_final``: the last box, else a
+final-answer statement; ``boxed`` = the training reward), recorded as param ``reward.extraction``
+and tag ``ulorl.reward_extraction``.
 The run is its own MLflow run (tags ulorl.kind=eval, ulorl.benchmark, ulorl.k, ulorl.model,
 ulorl.model_label), nested under ``--parent-run-id`` when given, with metrics
 ``eval/<bench>/...`` and the per-problem CSV ``eval/<bench>_per_problem.csv``.
@@ -63,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yarn-original-max-pos", type=int, default=None,
                    help="YaRN original_max_position_embeddings (paper: 95232; default: the model's max positions)")
     p.add_argument("--reward-timeout-s", type=float, default=5.0, help="time bound of one math-verify check")
+    p.add_argument("--extraction", choices=["boxed", "boxed_or_final"], default="boxed_or_final",
+                   help="final-answer extraction: boxed_or_final (last \\boxed{}, else 'the answer is X' / "
+                        "'Final answer: X' / a lone option letter) or boxed (the training reward: no box = wrong)")
     p.add_argument("--tracking-uri", default=None, help="MLflow URI (else $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     p.add_argument("--experiment", default="ulorl", help="MLflow experiment of a standalone eval run")
     p.add_argument("--parent-run-id", default=None, help="nest the eval run under this (training) run")
@@ -218,7 +224,7 @@ def experiment_for(args: argparse.Namespace, uri: str) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     _check_args(args)
-    from ulorl.tracking import resolve_tracking_uri
+    from ulorl.tracking import resolve_tracking_uri, schema
 
     uri = resolve_tracking_uri(args.tracking_uri)
     bench = bench_name_of(args.benchmark)
@@ -262,12 +268,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "eval.heldout_seed": args.heldout_seed if args.benchmark == "heldout" else "None",
             "model.name_or_path": args.model, "model.dtype": args.dtype,
             "model.rope_scaling": rope_scaling if rope_scaling else "None",
+            schema.EXTRACTION_PARAM: args.extraction,
         }
         tracker = RunTracker.start(uri, experiment, args.run_name or f"eval-{bench}-{label}"[:120], params,
-                                   eval_tags(bench, args.k, args.model, label), parent_run_id=args.parent_run_id)
+                                   eval_tags(bench, args.k, args.model, label, args.extraction),
+                                   parent_run_id=args.parent_run_id)
         _log(f"MLflow run {tracker.run_id} ({uri})")
     try:
-        with RewardScorer(timeout_s=args.reward_timeout_s, num_workers=1) as scorer:
+        with RewardScorer(timeout_s=args.reward_timeout_s, num_workers=1, extraction=args.extraction) as scorer:
             result = evaluate(engine, tok, items, k=args.k, sampling=sampling, max_new_tokens=max_new,
                               scorer=scorer, bench_name=bench, progress=True, batch_size=args.batch_size)
         if tracker is not None:

@@ -305,10 +305,16 @@ def run_label(runs: pd.DataFrame) -> pd.Series:
     return label.where(label.notna() & (label.astype("string") != ""), runs["run_name"])
 
 
+def _present(v: Any) -> Any:
+    """``v`` unless it is missing (None / NaN / empty)."""
+    return None if v is None or (isinstance(v, float) and np.isnan(v)) or v == "" else v
+
+
 def benchmark_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, benchmark) with an avg@k: run_id, label, kind, bench, k, avg_at_k,
-    pass_at_k, ci_low, ci_high (values as logged)."""
-    cols = ["run_id", "label", "kind", "bench", "k", "avg_at_k", "pass_at_k", "ci_low", "ci_high"]
+    """One row per (run, benchmark) with an avg@k: run_id, label, kind, bench, k, extraction (the
+    reward's answer extraction mode; ``boxed`` for runs older than the mode), avg_at_k, pass_at_k,
+    ci_low, ci_high (values as logged)."""
+    cols = ["run_id", "label", "kind", "bench", "k", "extraction", "avg_at_k", "pass_at_k", "ci_low", "ci_high"]
     rows = []
     labels = run_label(runs) if not runs.empty else pd.Series(dtype=object)
     for bench in benchmarks_in(runs):
@@ -322,6 +328,8 @@ def benchmark_table(runs: pd.DataFrame) -> pd.DataFrame:
             rows.append({
                 "run_id": r["run_id"], "label": labels[idx], "kind": r["kind"], "bench": bench,
                 "k": pd.to_numeric(k, errors="coerce") if k is not None else np.nan,
+                "extraction": _present(r.get(f"tags.{schema.EXTRACTION_TAG}"))
+                or _present(r.get(f"params.{schema.EXTRACTION_PARAM}")) or "boxed",
                 "avg_at_k": avg,
                 **{name: r.get(f"metrics.{schema.eval_metric(bench, name)}", np.nan)
                    for name in ("pass_at_k", "ci_low", "ci_high")},
@@ -331,7 +339,8 @@ def benchmark_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def benchmark_deltas(table: pd.DataFrame, baseline_run_id: Optional[str]) -> pd.DataFrame:
     """Add delta_avg and delta_pass: the run's value minus the baseline run's on the same bench
-    (NaN where the baseline has no value for that bench, or no baseline)."""
+    (NaN where the baseline has no value for that bench, scored it with another reward extraction
+    mode, or there is no baseline)."""
     out = table.copy()
     if table.empty or not baseline_run_id:
         out["delta_avg"] = np.nan
@@ -340,6 +349,9 @@ def benchmark_deltas(table: pd.DataFrame, baseline_run_id: Optional[str]) -> pd.
     base = table[table["run_id"] == baseline_run_id].set_index("bench")
     out["delta_avg"] = out["avg_at_k"] - out["bench"].map(base["avg_at_k"])
     out["delta_pass"] = out["pass_at_k"] - out["bench"].map(base["pass_at_k"])
+    if "extraction" in out:
+        other_mode = out["extraction"] != out["bench"].map(base["extraction"])
+        out.loc[other_mode, ["delta_avg", "delta_pass"]] = np.nan
     return out
 
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, TextIO
 from ulorl.data.jsonl import DataError
 from ulorl.data.prompts import build_prompt
 from ulorl.data.types import PromptItem
-from ulorl.reward.extract import braced_group, extract_last_boxed
+from ulorl.reward.extract import braced_group, extract_answer
 from ulorl.reward.judge import decode_ids, encode_text
 from ulorl.reward.verify import canonical_integer
 from ulorl.rollout.types import Engine, GenerationRequest, SamplingParams
@@ -211,6 +211,13 @@ def parse_options(problem: str) -> Optional[Options]:
     if before.endswith("$"):
         start = len(before) - 1
     return Options(contents=contents, start=start, end=end)
+
+
+def _extract(scorer: Any, text: str) -> Optional[str]:
+    """A model's final answer, extracted as the scorer scores it (``RewardScorer.extract``: its
+    ``reward.extraction`` mode); the last box for scorers without one."""
+    fn = getattr(scorer, "extract", None)
+    return fn(text) if fn is not None else extract_answer(text, "boxed")
 
 
 def _same_answer(a: str, b: str) -> bool:
@@ -493,7 +500,7 @@ def consensus_filter(
         answers = []
         for resp in per_model:
             text, trunc = resp[idx][0]
-            answers.append(None if trunc else extract_last_boxed(text))
+            answers.append(None if trunc else _extract(scorer, text))
         ref = str(row.data["answer"])
         if any(not a for a in answers):
             kept.append(row)

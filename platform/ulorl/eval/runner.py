@@ -34,7 +34,8 @@ PER_PROBLEM_FIELDS = ("problem_id", "answer", "k", "num_correct", "accuracy", "p
 
 
 class Scorer(Protocol):
-    """``ulorl.reward.scorer.RewardScorer`` or anything scoring ``(text, reference, truncated)``."""
+    """``ulorl.reward.scorer.RewardScorer`` or anything scoring ``(text, reference, truncated)``
+    (its ``extraction`` attribute and ``extract(text)``, when present, name and apply the mode)."""
 
     def score(self, items: list[tuple[str, str, bool]]) -> list[float]: ...
 
@@ -73,6 +74,7 @@ class EvalResult:
     sampling: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     tokens: int = 0
+    extraction: str = "boxed"        # the scorer's final-answer extraction mode
 
     @property
     def num_problems(self) -> int:
@@ -105,7 +107,7 @@ class EvalResult:
             "avg_at_k": self.avg_at_k, "pass_at": {str(j): v for j, v in self.pass_at.items()},
             "ci_low": self.ci_low, "ci_high": self.ci_high, "response_len_mean": self.response_len_mean,
             "truncation_rate": self.truncation_rate, "max_new_tokens": self.max_new_tokens,
-            "sampling": self.sampling, "wall_s": self.wall_s, "tokens": self.tokens,
+            "sampling": self.sampling, "wall_s": self.wall_s, "tokens": self.tokens, "extraction": self.extraction,
             "tokens_per_s": self.tokens / self.wall_s if self.wall_s > 0 else None,
         }
 
@@ -186,8 +188,10 @@ def evaluate(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not items:
         raise ValueError(f"benchmark {bench_name!r} has no problems to evaluate")
-    from ulorl.reward.extract import extract_last_boxed
+    from ulorl.reward.extract import extract_answer
 
+    extraction = str(getattr(scorer, "extraction", "boxed"))
+    extract = getattr(scorer, "extract", None) or (lambda text: extract_answer(text, extraction))
     t0 = time.perf_counter()
     P = len(items)
     prompts = [prompt_ids_for(it, tokenizer) for it in items]
@@ -216,7 +220,7 @@ def evaluate(
             is_trunc = res.finish_reason == "length"
             lens[p, j] = len(res.token_ids)
             trunc[p, j] = int(is_trunc)
-            preds[p][j] = ("[truncated]" if is_trunc else (extract_last_boxed(text) or "")).replace("|", "/")[:80]
+            preds[p][j] = ("[truncated]" if is_trunc else (extract(text) or "")).replace("|", "/")[:80]
             triples.append((text, items[p].answer, is_trunc))
             done_tokens += len(res.token_ids)
         for req, r in zip(batch, scorer.score(triples)):
@@ -232,6 +236,7 @@ def evaluate(
     res.max_new_tokens = max_new_tokens
     res.sampling = asdict(sampling)
     res.wall_s = time.perf_counter() - t0
+    res.extraction = extraction
     return res
 
 
@@ -269,7 +274,8 @@ def log_eval_result(
     return run_id
 
 
-def eval_tags(bench: str, k: int, model: str, model_label: str) -> dict[str, str]:
-    """Tags of a standalone or nested eval run (schema: kind, benchmark, k, model, model_label)."""
+def eval_tags(bench: str, k: int, model: str, model_label: str, extraction: str = "boxed_or_final") -> dict[str, str]:
+    """Tags of a standalone or nested eval run (schema: kind, benchmark, k, model, model_label,
+    reward extraction mode)."""
     return {schema.KIND_TAG: "eval", schema.BENCHMARK_TAG: bench, K_TAG: str(k), schema.MODEL_TAG: model,
-            schema.MODEL_LABEL_TAG: model_label}
+            schema.MODEL_LABEL_TAG: model_label, schema.EXTRACTION_TAG: extraction}

@@ -51,6 +51,7 @@ class Cell:
     value: Optional[float] = None
     run_ids: tuple[str, ...] = ()
     note: str = ""
+    mode: str = ""                # reward extraction mode of the runs behind a score ("" = none)
 
 
 def label(text: Any) -> Cell:
@@ -277,13 +278,39 @@ def _bench_columns(extra: set[str]) -> list[tuple[str, str]]:
     return cols
 
 
+def extraction_mode(run: RunInfo) -> str:
+    """Reward extraction mode of a run: tag, else param, else ``boxed`` (runs older than the mode)."""
+    return run.tags.get(schema.EXTRACTION_TAG) or run.param(schema.EXTRACTION_PARAM) or "boxed"
+
+
+def one_mode_per_column(rows: list[list[Cell]], cols: range) -> dict[int, str]:
+    """Keep each column to one extraction mode: the most common mode of its scored cells (ties:
+    alphabetical); cells of another mode become ``n/a`` with a note. Returns {column: mode}."""
+    modes: dict[int, str] = {}
+    for j in cols:
+        counts: dict[str, int] = {}
+        for row in rows:
+            if row[j].mode:
+                counts[row[j].mode] = counts.get(row[j].mode, 0) + 1
+        if not counts:
+            continue
+        modes[j] = min(counts, key=lambda m: (-counts[m], m))
+        for row in rows:
+            c = row[j]
+            if c.mode and c.mode != modes[j]:
+                row[j] = Cell(NA, None, c.run_ids, note=f"scored with reward.extraction={c.mode}, the column with "
+                              f"{modes[j]}: not comparable ({c.text})")
+    return modes
+
+
 def _score_cell(run: RunInfo, bench: str) -> Cell:
     v = run.metrics[schema.eval_metric(bench, "avg_at_k")]
     lo = run.metrics.get(schema.eval_metric(bench, "ci_low"))
     hi = run.metrics.get(schema.eval_metric(bench, "ci_high"))
     k = run.tags.get("ulorl.k", "?")
     ci = f", 95% CI [{_pct(lo)}, {_pct(hi)}]" if lo is not None and hi is not None else ""
-    return Cell(_pct(v), 100.0 * v, (run.run_id,), note=f"avg@{k} x100{ci}")
+    mode = extraction_mode(run)
+    return Cell(_pct(v), 100.0 * v, (run.run_id,), note=f"avg@{k} x100{ci}, extraction {mode}", mode=mode)
 
 
 def _count_cell(ids: tuple[str, ...]) -> Cell:
@@ -293,9 +320,11 @@ def _count_cell(ids: tuple[str, ...]) -> Cell:
 def _avg_cell(cells: list[Cell]) -> Cell:
     if any(c.value is None for c in cells):
         return Cell(NOT_RUN)
+    if len({c.mode for c in cells}) > 1:  # never average across extraction modes
+        return Cell(NA, note="benchmarks scored with different reward.extraction modes")
     v = sum(c.value for c in cells) / len(cells)  # type: ignore[misc]
     ids = tuple(dict.fromkeys(rid for c in cells for rid in c.run_ids))
-    return Cell(_fmt(v, 1), v, ids, note="mean of AIME-2025 and BeyondAIME")
+    return Cell(_fmt(v, 1), v, ids, note="mean of AIME-2025 and BeyondAIME", mode=cells[0].mode)
 
 
 def build_table2(store: RunStore, hints: dict[str, str]) -> Table:
@@ -326,11 +355,13 @@ def build_table2(store: RunStore, hints: dict[str, str]) -> Table:
             else:
                 c = _score_cell(r, b)
                 if counts[(lab, b)] > 1:
-                    c = Cell(c.text, c.value, c.run_ids, note=c.note + f"; latest of {counts[(lab, b)]} runs")
+                    c = Cell(c.text, c.value, c.run_ids, note=c.note + f"; latest of {counts[(lab, b)]} runs", mode=c.mode)
                 cells.append(c)
                 ks.add(r.tags.get("ulorl.k", "?"))
-        avg = _avg_cell(cells[:2])
-        rows.append([label(lab), label("ours")] + cells[:2] + [avg] + cells[2:] + [label("/".join(sorted(ks)) or DASH)])
+        rows.append([label(lab), label("ours")] + cells[:2] + [Cell(NOT_RUN)] + cells[2:] + [label("/".join(sorted(ks)) or DASH)])
+    modes = one_mode_per_column(rows, range(2, 3 + len(cols)))
+    for row in rows:
+        row[4] = _avg_cell(row[2:4])
     for p in paper.TABLE2:
         rows.append(
             [label(p.model), label("paper"), Cell(_fmt(p.aime2025, 1), p.aime2025, note="paper"),
@@ -341,6 +372,9 @@ def build_table2(store: RunStore, hints: dict[str, str]) -> Table:
         "Ours: avg@k x100 from eval runs (ulorl.kind=eval); row = ulorl.model_label tag, else ulorl.model; "
         "the latest eval run of a (row, benchmark) pair is shown. Paper: avg@32 (Table 2).",
     ]
+    if modes:
+        notes.append("reward extraction per column (one mode per column; other modes shown as n/a): "
+                     + ", ".join(f"{header[j]}={m}" for j, m in sorted(modes.items())))
     if not latest:
         notes.append(f"not run: produce eval runs with {hints['table2']}")
     elif any(c.text == NOT_RUN for row in rows for c in row):
@@ -358,22 +392,26 @@ def _train_score(store: RunStore, run: RunInfo, bench: str) -> Optional[Cell]:
               and schema.eval_metric(bench, "avg_at_k") in c.metrics]
     if nested:
         c = _score_cell(nested[-1], bench)
-        return Cell(c.text, c.value, c.run_ids, note=c.note + " (nested eval run)")
+        return Cell(c.text, c.value, c.run_ids, note=c.note + " (nested eval run)", mode=c.mode)
     key = schema.eval_metric(bench, "avg_at_k")
     steps, values = store.history(run.run_id, key) if key in run.metrics else ([], [])
     if values:
-        return Cell(_pct(values[-1]), 100.0 * values[-1], (run.run_id,), note=f"{key} at step {steps[-1]} x100 (periodic eval)")
+        return Cell(_pct(values[-1]), 100.0 * values[-1], (run.run_id,),
+                    note=f"{key} at step {steps[-1]} x100 (periodic eval)", mode=extraction_mode(run))
     return None
 
 
 def _mean_cell(cells: list[Cell]) -> Cell:
     if not cells:
         return Cell(NOT_RUN)
+    if len({c.mode for c in cells}) > 1:  # never average across extraction modes
+        return Cell(NA, None, tuple(rid for c in cells for rid in c.run_ids),
+                    note="runs scored with different reward.extraction modes: " + ", ".join(sorted({c.mode for c in cells})))
     vals = [c.value for c in cells if c.value is not None]
     v = sum(vals) / len(vals)
     ids = tuple(dict.fromkeys(rid for c in cells for rid in c.run_ids))
     note = cells[0].note if len(cells) == 1 else f"mean over {len(cells)} runs"
-    return Cell(_fmt(v, 1), v, ids, note=note)
+    return Cell(_fmt(v, 1), v, ids, note=note, mode=cells[0].mode)
 
 
 def build_table3(store: RunStore, hints: dict[str, str]) -> Table:
@@ -408,6 +446,9 @@ def build_table3(store: RunStore, hints: dict[str, str]) -> Table:
         name = f"ulorl-{length}" if grp else "ours"
         rows.append([label(length or DASH), label(segs or DASH), label(name), label("ours")] + cells
                     + [_avg_cell(cells[1:3]), _count_cell(ids)])
+    modes = one_mode_per_column(rows, range(4, 4 + len(benches)))
+    for row in rows:
+        row[4 + len(benches)] = _avg_cell(row[5:7])
     for p in paper.TABLE3:
         rows.append(
             [label(p.max_response_len or DASH), label(p.segments or DASH), label(p.model), label("paper"), Cell(DASH),
@@ -419,6 +460,9 @@ def build_table3(store: RunStore, hints: dict[str, str]) -> Table:
         "rollout.segments (mean over runs); a nested eval run of the benchmark wins over the run's last periodic "
         "eval/heldout/avg_at_k. Base row: standalone eval runs of the embedded model. Paper: avg@32 (Table 3).",
     ]
+    if modes:
+        notes.append("reward extraction per column (one mode per column; other modes shown as n/a): "
+                     + ", ".join(f"{header[j]}={m}" for j, m in sorted(modes.items())))
     if not groups:
         notes.append(f"not run: produce training runs tagged ulorl.paper_ref=table3 with {hints['table3']}")
     if any(c.text == NOT_RUN for row in rows[: len(rows) - len(paper.TABLE3)] for c in row[4:7]):

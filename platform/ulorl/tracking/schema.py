@@ -10,7 +10,8 @@ Training runs (``ulorl-train``, one per trial in a sweep):
           checkpoints/final/ (model + tokenizer, loadable with from_pretrained)
 
 Eval runs (``ulorl-eval``; nested under a training run or standalone):
-  tags    ulorl.kind=eval, ulorl.benchmark, ulorl.k, ulorl.model, ulorl.model_label
+  tags    ulorl.kind=eval, ulorl.benchmark, ulorl.k, ulorl.model, ulorl.model_label,
+          ulorl.reward_extraction (boxed | boxed_or_final; also the param reward.extraction)
   metrics eval/<bench>/avg_at_k, eval/<bench>/pass_at_k, eval/<bench>/pass_at_<j>, eval/<bench>/ci_low,
           eval/<bench>/ci_high, eval/<bench>/response_len_mean, eval/<bench>/truncation_rate
   artifacts eval/<bench>_per_problem.csv
@@ -33,6 +34,11 @@ PARENT_TAG = "mlflow.parentRunId"
 BENCHMARK_TAG = "ulorl.benchmark"
 MODEL_TAG = "ulorl.model"
 MODEL_LABEL_TAG = "ulorl.model_label"
+# Final-answer extraction mode of the reward (boxed | boxed_or_final): the param of every training
+# run (flattened config) and of every eval run, and a tag of eval runs. Results of different modes
+# are not comparable; ulorl-tables keeps them apart.
+EXTRACTION_PARAM = "reward.extraction"
+EXTRACTION_TAG = "ulorl.reward_extraction"
 
 TRAIN_METRICS: tuple[str, ...] = (
     "train/reward_mean", "train/entropy", "train/pg_loss", "train/clip_frac", "train/ratio_mean",

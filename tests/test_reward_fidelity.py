@@ -176,3 +176,30 @@ def test_scorer_modes_and_problem_items():
     with RewardScorer(timeout_s=10.0) as s:  # training default: no box -> 0
         assert s.extraction == "boxed"
         assert s.score(items) == [0.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "the answer is " + "a " * 50_000 + "1",                       # unit-word pattern worst case
+        r"\boxed{" + "1" * 50_000 + "x}",                              # a long almost-number
+        "answer: " * 20_000,                                           # many answer statements
+        r"\boxed{1}, " * 5_000 + "and more",                           # many boxes
+        "$" * 30_000,                                                  # unbalanced math delimiters
+        r"\boxed{" * 20_000 + "1",                                     # boxes that never close
+        r"\boxed{1} " * 20_000,                                        # many joinable boxes
+        r"\boxed 1 " * 20_000,                                         # many bare boxes
+    ],
+)
+def test_extraction_and_fast_path_stay_fast_on_pathological_text(text):
+    """Extraction and the string fast path run in the caller, outside the workers' time bound."""
+    import time
+
+    from ulorl.reward.compare import fast_verdict
+
+    t0 = time.perf_counter()
+    for mode in ("boxed", "boxed_or_final"):
+        pred = extract_answer(text, mode)
+        if pred:
+            fast_verdict(pred, "12")
+    assert time.perf_counter() - t0 < 2.0

@@ -24,14 +24,15 @@ EXTRACTION_MODES: tuple[str, ...] = ("boxed", "boxed_or_final")
 _BOX_CMD = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
 
-def braced_group(text: str, open_pos: int) -> Optional[str]:
-    """Content of the brace group opening at ``text[open_pos] == '{'``; None if it never closes.
+def braced_group(text: str, open_pos: int, limit: Optional[int] = None) -> Optional[str]:
+    """Content of the brace group opening at ``text[open_pos] == '{'``; None if it never closes
+    (before ``text[limit]`` when a limit is given).
 
     Escaped braces (``\\{``, ``\\}``) do not count towards the nesting depth.
     """
     depth = 0
     i = open_pos
-    n = len(text)
+    n = len(text) if limit is None else min(limit, len(text))
     while i < n:
         c = text[i]
         if c == "\\":
@@ -47,9 +48,12 @@ def braced_group(text: str, open_pos: int) -> Optional[str]:
     return None
 
 
-def _bare_argument(text: str, pos: int) -> Optional[str]:
+_BARE_ARG = re.compile(r"[^\s$]+")
+
+
+def _bare_argument(text: str, pos: int, endpos: Optional[int] = None) -> Optional[str]:
     """Argument of ``\\boxed 5`` style boxes: the run of characters up to whitespace or ``$``."""
-    m = re.match(r"[^\s$]+", text[pos:])
+    m = _BARE_ARG.match(text, pos, len(text) if endpos is None else endpos)
     return m.group(0) if m else None
 
 
@@ -86,38 +90,40 @@ _MAX_LONE_CHARS = 40
 _MAX_STATEMENT_CHARS = 200
 
 
-def _boxes(text: str) -> list[tuple[int, int, Optional[str]]]:
-    """(start, end, content) of every box; content None when the box never closes."""
-    out = []
-    for m in _BOX_CMD.finditer(text):
-        rest = text[m.end():]
-        stripped = rest.lstrip()
-        pos = m.end() + (len(rest) - len(stripped))
-        if stripped.startswith("{"):
-            content = braced_group(text, pos)
-            end = pos + len(content) + 2 if content is not None else len(text)
-        else:
-            content = _bare_argument(text, pos)
-            end = pos + len(content) if content is not None else len(text)
-        out.append((m.start(), end, None if content is None else content.strip()))
-    return out
+def _box_at(text: str, m: "re.Match[str]", limit: Optional[int] = None) -> tuple[int, Optional[str]]:
+    """(end, content) of the box command matched by ``m``; content None when it does not close
+    (before ``limit``)."""
+    rest = text[m.end():limit]
+    stripped = rest.lstrip()
+    pos = m.end() + (len(rest) - len(stripped))
+    if stripped.startswith("{"):
+        content = braced_group(text, pos, limit)
+        return (pos + len(content) + 2 if content is not None else len(text)), content
+    content = _bare_argument(text, pos, limit)
+    return (pos + len(content) if content is not None else len(text)), content
 
 
 def extract_boxed_answer(text: str) -> Optional[str]:
     """The last box, joined with the boxes written right before it (only separators, "and",
     spacing between them): ``\\boxed{(3,3)} \\text{ and } \\boxed{(1,1)}`` -> ``(3,3), (1,1)``.
 
-    None when there is no box or the last box never closes; identical boxes count once.
+    None when there is no box or the last box never closes; identical boxes count once. Each
+    earlier box is only read up to the next one, so this stays linear in ``len(text)``.
     """
-    boxes = _boxes(text)
-    if not boxes or boxes[-1][2] is None:
+    matches = list(_BOX_CMD.finditer(text))
+    if not matches:
         return None
-    parts = [boxes[-1][2]]
-    for j in range(len(boxes) - 2, -1, -1):
-        gap = text[boxes[j][1]: boxes[j + 1][0]]
-        if boxes[j][2] is None or len(gap) > _MAX_BOX_GAP or not _BOX_GAP.match(gap):
+    _, last = _box_at(text, matches[-1])
+    if last is None:
+        return None
+    parts = [last.strip()]
+    for j in range(len(matches) - 2, -1, -1):
+        nxt = matches[j + 1].start()
+        end, content = _box_at(text, matches[j], nxt)
+        gap = text[end:nxt] if content is not None else ""
+        if content is None or len(gap) > _MAX_BOX_GAP or not _BOX_GAP.match(gap):
             break
-        parts.insert(0, boxes[j][2])
+        parts.insert(0, content.strip())
     parts = [p for p in parts if p]
     if len(set(parts)) <= 1:
         return parts[0] if parts else ""

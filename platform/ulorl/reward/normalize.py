@@ -36,7 +36,10 @@ _THOUSANDS_SEP = re.compile(r"\{,\}|\\,|\\!|\\ |,| ")
 _NUMERIC_CMDS = ("frac", "sqrt", "pi", "cdot", "times", "div", "pm", "mp", "infty", "ln", "log", "exp", "sin",
                  "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "e")
 _NUMERIC_CMD_RE = re.compile(r"\\(?:" + "|".join(_NUMERIC_CMDS) + r")(?![A-Za-z])")
-_NUMBER_CHARS = re.compile(r"^[\d\s.+\-*/^(){}\[\]]*\d[\d\s.+\-*/^(){}\[\]]*$")
+_NUMBER_CHARS = re.compile(r"[\d\s.+\-*/^(){}\[\]]+")
+# Decorations are only looked for in answers up to this long (the unit-word pattern is quadratic
+# in the worst case, and this runs in the caller, outside the scorer's time bound).
+MAX_DECORATED_CHARS = 200
 _OPTION = re.compile(r"^\(?\s*([A-J])\s*\)?\s*[.:]?$")
 
 
@@ -106,7 +109,7 @@ def strip_trailing_period(s: str) -> str:
 def is_numeric_expression(s: str) -> bool:
     """True for a constant expression: digits, operators, ``\\frac``/``\\sqrt``/``\\pi`` ..., no variables."""
     t = _NUMERIC_CMD_RE.sub(" ", s)
-    return bool(_NUMBER_CHARS.match(t))
+    return bool(_NUMBER_CHARS.fullmatch(t)) and any(c.isdigit() for c in t)
 
 
 def plain_thousands(s: str) -> Optional[str]:
@@ -133,6 +136,8 @@ def strip_number_decorations(s: str) -> str:
     so ``\\text{all odd } n`` or ``x^\\circ`` of a variable keep their meaning.
     """
     t = s.strip()
+    if len(t) > MAX_DECORATED_CHARS:
+        return t
     for _ in range(4):  # "12.5\%", "30^\circ", "5 \text{ cm}^2", "\$1,000 dollars" ...
         before = t
         t = _DEGREES.sub("", t).strip()

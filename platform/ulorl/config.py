@@ -116,6 +116,11 @@ class AlgoConfig(_Section):
     eps_low: float = Field(0.2, ge=0.0, lt=1.0)
     eps_high: float = Field(0.2, ge=0.0)
     adv_eps: float = Field(1e-6, gt=0)
+    adv_std: Literal["population", "unbiased"] = Field(
+        "population",
+        description="group std in the advantage (r - mean) / (std + adv_eps): 'population' divides the "
+        "variance by G (the default), 'unbiased' by G - 1 (torch.std, as verl and DeepSeekMath)",
+    )
     dynamic_sampling: bool = True
     mpt: MPTConfig = MPTConfig()
 
@@ -145,7 +150,12 @@ class TrainConfig(_Section):
     betas: tuple[float, float] = (0.9, 0.999)
     grad_clip: float = Field(1.0, gt=0)
     max_steps: int = Field(50, ge=1)
-    updates_per_step: int = Field(1, ge=1, description="mini-batch updates per rollout step")
+    updates_per_step: int = Field(
+        1, ge=1,
+        description="mini-batch updates (optimizer steps) per rollout step; the paper uses 1. With more than 1, "
+        "the old log-probs, the MPT mask and the DMMPT entropy gate all come from the pre-update model "
+        "(one no-grad pass before the first optimizer step), for every mini-batch",
+    )
     micro_batch_tokens: int = Field(8192, ge=1, description="token budget of one forward/backward")
     bf16: bool = False
     seed: int = 0
@@ -203,6 +213,12 @@ class ExperimentConfig(_Section):
             raise ValueError(
                 f"algo.is_mode=tois (true on-policy) requires rollout.segments=1, got {r.segments}; "
                 "use pois or sais with segments > 1"
+            )
+        if self.algo.is_mode == "tois" and r.min_ready_groups > r.prompts_per_step:
+            raise ValueError(
+                f"algo.is_mode=tois (true on-policy) requires rollout.min_ready_groups <= "
+                f"rollout.prompts_per_step, got rollout.min_ready_groups={r.min_ready_groups} > "
+                f"rollout.prompts_per_step={r.prompts_per_step}: groups would wait across policy versions"
             )
         return self
 

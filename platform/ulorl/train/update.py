@@ -139,7 +139,7 @@ def policy_update(
     if n_tokens == 0:
         return UpdateResult(False, metrics, reason="no response tokens")
 
-    adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps)
+    adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps, unbiased=algo.adv_std == "unbiased")
 
     model.eval()
     stats_fn = dp.token_stats if dp is not None else current_token_stats  # sharded + all-reduced

@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", help="MLflow tracking URI (else tracking.uri, $MLFLOW_TRACKING_URI, ./mlflow.db)")
     p.add_argument("--resume", nargs="?", const="auto", metavar="RUN_DIR",
                    help="continue a stopped run from its latest checkpoint (RUN_DIR, or newest run of this experiment)")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept algorithm / rollout / model / data settings that differ from the "
+                   "checkpoint's (refused by default, naming each changed key)")
     p.add_argument("--run-dir", help="where checkpoints go (default: train.output_dir/<name>/<timestamp>)")
     p.add_argument("--dry-run", action="store_true", help="validate, print the resolved config and plan, start nothing")
     p.add_argument("--ray", action="store_true", help="run inside a Ray placement group (trainer workers + engine)")
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = Trainer(
             cfg, run_dir=args.run_dir, resume=args.resume, tracking_uri=args.tracking_uri,
-            progress=not args.no_progress,
+            progress=not args.no_progress, allow_config_change=args.allow_config_change,
         ).run()
     except (FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)

@@ -35,6 +35,7 @@ from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
 from ulorl.train.cohorts import CohortRewards
 from ulorl.train.prompts import PromptStream, load_items
+from ulorl.train.resume import check_resume_config
 from ulorl.train.update import policy_update, segment_logprobs
 
 log = logging.getLogger("ulorl.train")
@@ -139,6 +140,7 @@ class Trainer:
         fail_at_step: Optional[int] = None,
         eval_at_start: bool = False,
         engine_factory: Optional[Callable[..., Any]] = None,
+        allow_config_change: bool = False,
     ) -> None:
         self.cfg = cfg
         self.resume_dir = find_resume_dir(cfg, resume) if resume else None
@@ -151,6 +153,7 @@ class Trainer:
         self.fail_at_step = fail_at_step
         self.eval_at_start = eval_at_start
         self.engine_factory = engine_factory  # (rollout_cfg, model, tokenizer) -> Engine; default make_engine
+        self.allow_config_change = allow_config_change  # resume even if unsafe keys changed (train.resume)
         self.stop = _StopFlag()
         self.run_id: Optional[str] = None
         self._pending_metrics: list[list[Any]] = []
@@ -301,6 +304,9 @@ class Trainer:
         from ulorl.rollout.scheduler import PromptRequest
 
         state = ckpt_io.read_trainer_state(path)
+        changes = check_resume_config(state.get("config"), self.cfg, allow=self.allow_config_change)
+        if changes:
+            log.warning("resuming %s with changed config: %s", path, ", ".join(c[0] for c in changes))
         weights = {}
         for f in sorted((path / "model").glob("*.safetensors")):
             weights.update(load_file(str(f)))

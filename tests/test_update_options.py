@@ -104,3 +104,19 @@ def test_updates_per_step_masks_come_from_the_pre_update_model():
 def test_updates_per_step_description_documents_the_mask_choice():
     text = TrainConfig.model_fields["updates_per_step"].description or ""
     assert "pre-update" in text and "MPT" in text
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean"])
+def test_loss_agg_reaches_the_update(loss_agg):
+    """Ratio 1 (POIS, first update), nothing masked: loss = -sum_i A_i w_i with w_i = len_i / all tokens
+    (token_mean) or 1 / N (seq_mean). Advantages sum to 0 per group, so seq_mean gives exactly 0, and
+    token_mean gives -2 * (1 * 6 - 1 * 3) / 18 = -1/3 (two groups; negative responses cut to 3 tokens)."""
+    cfg = _cfg(f"algo.loss_agg={loss_agg}", "algo.mpt.mode=off")
+    batch = samples()
+    for s in batch[1::2]:
+        s.response_ids, s.sampling_logprobs = s.response_ids[:3], s.sampling_logprobs[:3]
+        s.segments = [SegmentSpan(0, 3, 0)]
+    res = policy_update(batch, TorchBackend(tiny_model(), cfg.train), cfg.algo, cfg.train, 1.0, 0,
+                        torch.device("cpu"))
+    expected = 0.0 if loss_agg == "seq_mean" else -1.0 / 3.0
+    assert res.metrics["train/pg_loss"] == pytest.approx(expected, abs=1e-5)

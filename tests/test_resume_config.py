@@ -64,7 +64,7 @@ def test_trainer_and_cli_refuse_an_unsafe_resume(tmp_path, capsys):
     Trainer(load_experiment(QUICK, SMALL + [uri]), run_dir=run_dir, progress=False).run()
     changed = load_experiment(QUICK, SMALL + [uri, "rollout.temperature=0.5", "train.max_steps=2"])
     with pytest.raises(ResumeConfigError, match=r"rollout\.temperature: 0\.85 in the checkpoint, 0\.5 now"):
-        Trainer(changed, resume=str(run_dir), progress=False)._setup()
+        Trainer(changed, resume=str(run_dir), progress=False).setup()
     code = train_main([str(QUICK), *SMALL, uri, "rollout.temperature=0.5", "--resume", str(run_dir), "--no-progress"])
     assert code == 2 and "rollout.temperature" in capsys.readouterr().err
     res = Trainer(changed, resume=str(run_dir), progress=False, allow_config_change=True).run()

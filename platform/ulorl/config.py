@@ -151,6 +151,14 @@ class AlgoConfig(_Section):
         "variance by G (the default), 'unbiased' by G - 1 (torch.std, as verl and DeepSeekMath)",
     )
     dynamic_sampling: bool = Field(True, description="drop groups whose rewards are all equal (no learning signal)")
+    dynamic_sampling_fill: bool = Field(
+        False, description="DAPO-style fill: a training step keeps rolling out (admitting new prompts each round) "
+        "until rollout.min_ready_groups groups with mixed rewards are ready, instead of training on what survives"
+    )
+    dynamic_sampling_fill_max_rounds: int = Field(
+        8, ge=1, description="with dynamic_sampling_fill: most rollout rounds in one training step (then it trains "
+        "on what is ready, or skips)"
+    )
     loss_agg: str = Field(
         "token_mean", description="loss aggregation: 'token_mean' (sum / all response tokens, Eq. 10, the paper's) "
         "or 'seq_mean' (mean over sequences of per-sequence means, GRPO)", json_schema_extra={"choices": list(LOSS_AGG)}
@@ -257,6 +265,8 @@ class ExperimentConfig(_Section):
                 f"algo.is_mode=tois (true on-policy) requires rollout.segments=1, got {r.segments}; "
                 "use pois or sais with segments > 1"
             )
+        if self.algo.dynamic_sampling_fill and not self.algo.dynamic_sampling:
+            raise ValueError("algo.dynamic_sampling_fill=true requires algo.dynamic_sampling=true")
         if self.algo.is_mode == "tois" and r.min_ready_groups > r.prompts_per_step:
             raise ValueError(
                 f"algo.is_mode=tois (true on-policy) requires rollout.min_ready_groups <= "

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
+from ulorl.rollout.pools import has_mixed_rewards
 from ulorl.rollout.scheduler import SegmentScheduler
 from ulorl.rollout.types import Sample, SampleStatus, SamplingParams
 from ulorl.tracking import resolve_tracking_uri
@@ -34,6 +35,7 @@ from ulorl.tracking import schema
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
 from ulorl.train.cohorts import CohortRewards
+from ulorl.train.fill import merge_round_metrics
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
@@ -168,6 +170,7 @@ class Trainer:
         self.run_id: Optional[str] = None
         self._pending_metrics: list[list[Any]] = []
         self.cohorts = CohortRewards()
+        self._cohort_train_step: dict[int, int] = {}
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -229,6 +232,7 @@ class Trainer:
             max_staleness=r.max_staleness,
             max_unfinished=r.max_unfinished,
             seed=r.seed,
+            release_counts=has_mixed_rewards if cfg.algo.dynamic_sampling_fill else None,
         )
         self.step = 0
         self.policy_version = 0
@@ -393,6 +397,7 @@ class Trainer:
         """Admission-cohort reward (``ulorl.train.cohorts``), logged at the cohort's own training step.
         Cohorts are keyed by the scheduler's step (``Sample.created_step``), unique per rollout."""
         self.cohorts.admit(res.step, res.admitted)
+        self._cohort_train_step[res.step] = self.step  # several rounds per step with dynamic_sampling_fill
         for s in res.completed:
             self.cohorts.complete(s.created_step, float(s.reward or 0.0), s.response_len)
         for s in res.dropped_samples:
@@ -401,7 +406,8 @@ class Trainer:
         for c in self.cohorts.pop_closed():
             if self.tracker is not None:
                 self.tracker.add_metrics({schema.COHORT_REWARD_METRIC: c.reward_mean,
-                                          schema.COHORT_LEN_METRIC: c.response_len_mean}, c.step + offset)
+                                          schema.COHORT_LEN_METRIC: c.response_len_mean},
+                                         self._cohort_train_step.pop(c.step, c.step + offset))
 
     def _eval(self) -> dict[str, float]:
         from ulorl.eval.runner import evaluate
@@ -436,6 +442,11 @@ class Trainer:
             raise RuntimeError(f"injected failure at step {self.step} (fail_at_step)")
         t_step = time.perf_counter()
         res, metrics = self._rollout()
+        if cfg.algo.dynamic_sampling_fill:  # DAPO-style: roll out more until mixed groups are released
+            metrics["rollout/fill_rounds"] = 1.0
+            while not res.groups and metrics["rollout/fill_rounds"] < cfg.algo.dynamic_sampling_fill_max_rounds:
+                res, more = self._rollout()
+                metrics = merge_round_metrics(metrics, more)
         samples = [s for g in res.groups for s in g]
         t1 = time.perf_counter()
         update = None

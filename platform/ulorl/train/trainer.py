@@ -28,7 +28,7 @@ import torch
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
 from ulorl.rollout.pools import has_mixed_rewards
 from ulorl.rollout.scheduler import SegmentScheduler
-from ulorl.rollout.types import Sample, SampleStatus, SamplingParams
+from ulorl.rollout.types import Sample, SamplingParams
 from ulorl.tracking import resolve_tracking_uri
 from ulorl.tracking.run import RunTracker
 from ulorl.tracking import schema

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from ulorl.algo import IS_MODES, policy_loss, requires_recompute, select_old_logprobs
+from ulorl.algo import IS_MODES, policy_loss, select_old_logprobs
 
 T, F = True, False
 
@@ -44,7 +44,7 @@ def test_sais_uses_stored_logprobs_so_ratios_differ_from_one():
 
 def test_is_mode_errors_and_registry():
     assert set(IS_MODES) == {"pois", "sais", "tois"}
-    assert requires_recompute("pois") and requires_recompute("tois") and not requires_recompute("sais")
+    assert IS_MODES["pois"] is IS_MODES["tois"]  # both: the current model's log-probs
     with pytest.raises(ValueError, match="sais"):
         select_old_logprobs("sais", torch.zeros(1, 2))
     with pytest.raises(ValueError, match="shape"):

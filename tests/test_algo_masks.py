@@ -1,4 +1,4 @@
-"""MPT / DMMPT masks, the MASK_FNS registry and the mask-active helper."""
+"""MPT / DMMPT masks, the MASK_MODES registry (one MaskInputs object) and the mask-active helper."""
 
 import math
 
@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from ulorl.algo import (
-    MASK_FNS,
+    MASK_MODES,
+    MaskInputs,
     dmmpt_mask,
+    loss_mask,
     mask_active_samples,
     mean_response_entropy,
     mpt_mask,
-    static_mpt_mask,
 )
 
 T, F = True, False
@@ -43,7 +44,7 @@ BATCH_MEAN = 1.875 / 7
 def test_mpt_mask_hand_case():
     m = mpt_mask(LOGP, REWARDS, RESP, tau=0.99)
     assert m.dtype == torch.bool and torch.equal(m, MPT)
-    assert torch.equal(static_mpt_mask(LOGP, REWARDS, RESP, 0.99), MPT)
+    assert torch.equal(loss_mask("static", MaskInputs(LOGP, REWARDS, RESP, tau=0.99)), MPT)
 
 
 def test_mpt_only_in_reward_one_samples_and_response_tokens():
@@ -99,26 +100,30 @@ def test_dmmpt_batch_scope_uses_one_mean():
     assert torch.equal(dmmpt_mask(LOGP, REWARDS, RESP, ENT, 0.99, 0.25, "batch", batch_entropy=0.1), MPT)
 
 
-def test_mask_registry_uniform_signature():
-    kw = {"tau": 0.99, "sigma": 0.2, "scope": "sample"}
-    assert set(MASK_FNS) == {"off", "static", "dynamic"}
-    assert not MASK_FNS["off"](LOGP, REWARDS, RESP, ENT, **kw).any()
-    assert torch.equal(MASK_FNS["static"](LOGP, REWARDS, RESP, None, **kw), MPT)
-    assert torch.equal(
-        MASK_FNS["dynamic"](LOGP, REWARDS, RESP, ENT, **kw), dmmpt_mask(LOGP, REWARDS, RESP, ENT, 0.99, 0.2)
-    )
+def test_mask_registry_takes_one_input_object():
+    x = MaskInputs(LOGP, REWARDS, RESP, ENT, tau=0.99, sigma=0.2, scope="sample")
+    assert set(MASK_MODES) == {"off", "static", "dynamic"}
+    assert not MASK_MODES["off"].mask(x).any()
+    assert torch.equal(MASK_MODES["static"].mask(MaskInputs(LOGP, REWARDS, RESP, None, tau=0.99)), MPT)
+    assert torch.equal(MASK_MODES["dynamic"].mask(x), dmmpt_mask(LOGP, REWARDS, RESP, ENT, 0.99, 0.2))
+    assert torch.equal(loss_mask("dynamic", x), MASK_MODES["dynamic"].mask(x))
     with pytest.raises(ValueError, match="token_entropy"):
-        MASK_FNS["dynamic"](LOGP, REWARDS, RESP, None, **kw)
+        loss_mask("dynamic", MaskInputs(LOGP, REWARDS, RESP, None))
+    with pytest.raises(ValueError, match="mode"):
+        loss_mask("sometimes", x)
 
 
 def test_mask_active_samples():
-    assert mask_active_samples("off", ENT, RESP, sigma=0.2).tolist() == [F, F, F]
-    assert mask_active_samples("static", None, RESP, sigma=0.2).tolist() == [T, T, T]
+    def x(ent, sigma, scope="sample"):
+        return MaskInputs(LOGP, REWARDS, RESP, ent, sigma=sigma, scope=scope)
+
+    assert mask_active_samples("off", x(ENT, 0.2)).tolist() == [F, F, F]
+    assert mask_active_samples("static", x(None, 0.2)).tolist() == [T, T, T]
     # sample means 0.125, 0.25, 0.5 vs sigma 0.3
-    assert mask_active_samples("dynamic", ENT, RESP, sigma=0.3).tolist() == [T, T, F]
-    assert mask_active_samples("dynamic", ENT, RESP, sigma=0.3, scope="batch").tolist() == [T, T, T]
+    assert mask_active_samples("dynamic", x(ENT, 0.3)).tolist() == [T, T, F]
+    assert mask_active_samples("dynamic", x(ENT, 0.3, "batch")).tolist() == [T, T, T]
     with pytest.raises(ValueError, match="mode"):
-        mask_active_samples("sometimes", ENT, RESP, sigma=0.2)
+        mask_active_samples("sometimes", x(ENT, 0.2))
 
 
 def test_mask_shape_errors():
@@ -130,3 +135,7 @@ def test_mask_shape_errors():
         mpt_mask(LOGP, REWARDS, RESP.long(), 0.99)
     with pytest.raises(ValueError, match="token_entropy"):
         dmmpt_mask(LOGP, REWARDS, RESP, ENT[:, :2], 0.99, 0.2)
+    with pytest.raises(ValueError, match="token_entropy"):
+        MaskInputs(LOGP, REWARDS, RESP, ENT[:, :2])
+    with pytest.raises(ValueError, match="scope"):
+        MaskInputs(LOGP, REWARDS, RESP, ENT, scope="token")

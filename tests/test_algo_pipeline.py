@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from ulorl.algo import (
-    MASK_FNS,
+    MaskInputs,
     dynamic_sampling_filter,
     group_advantages,
     logprobs_and_entropy,
+    loss_mask,
     mask_active_samples,
     policy_loss,
     select_old_logprobs,
@@ -40,7 +41,8 @@ def test_one_update_pipeline(mode):
     logprobs, entropy = logprobs_and_entropy(head(hs), labels, temperature=0.85)
     # sigma above any possible entropy (log 16 = 2.77) so the dynamic gate is open; tau tiny so
     # every positive response token is an MPT: masking is visible in the metrics
-    mask = MASK_FNS[mode](logprobs, rewards[keep], response_mask, entropy, tau=1e-9, sigma=10.0, scope="sample")
+    inputs = MaskInputs(logprobs, rewards[keep], response_mask, entropy, tau=1e-9, sigma=10.0, scope="sample")
+    mask = loss_mask(mode, inputs)
     loss, metrics = policy_loss(logprobs, old, adv, response_mask, mask)
     loss.backward()
 
@@ -49,7 +51,7 @@ def test_one_update_pipeline(mode):
     n_pos_resp = int(response_mask[rewards[keep] == 1].sum())
     expected_masked = {"off": 0, "static": n_pos_resp, "dynamic": n_pos_resp}[mode]
     assert metrics["masked_frac"].item() == pytest.approx(expected_masked / n_resp)
-    active = mask_active_samples(mode, entropy, response_mask, sigma=10.0)
+    active = mask_active_samples(mode, inputs)
     assert active.float().mean().item() == (0.0 if mode == "off" else 1.0)
     # ratio 1: loss = -sum over unmasked response tokens of A / all response tokens
     per_tok_adv = adv[:, None].expand(b, t)

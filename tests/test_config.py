@@ -72,6 +72,23 @@ def test_tois_requires_one_segment():
     assert cfg.algo.is_mode == "tois"
 
 
+def test_tois_rejects_min_ready_groups_above_prompts_per_step():
+    over = ["algo.is_mode=tois", "rollout.segments=1", "rollout.prompts_per_step=2"]
+    with pytest.raises(ConfigError) as e:
+        load_experiment(QUICK, over + ["rollout.min_ready_groups=3"])
+    assert "rollout.min_ready_groups" in str(e.value) and "rollout.prompts_per_step" in str(e.value)
+    assert load_experiment(QUICK, over + ["rollout.min_ready_groups=2"]).rollout.min_ready_groups == 2
+    # POIS / SAIS may wait across versions by design
+    assert load_experiment(QUICK, ["rollout.prompts_per_step=2", "rollout.min_ready_groups=3"])
+
+
+def test_adv_std_key():
+    assert load_experiment(QUICK).algo.adv_std == "population"
+    assert load_experiment(QUICK, ["algo.adv_std=unbiased"]).algo.adv_std == "unbiased"
+    with pytest.raises(ConfigError, match="algo.adv_std"):
+        load_experiment(QUICK, ["algo.adv_std=biased"])
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_experiment(tmp_path / "nope.yaml")

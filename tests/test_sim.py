@@ -214,16 +214,18 @@ def test_decode_features_partial_compaction_hand_worked():
     assert decode_features(n, e, "compact", 0.5) == (5, 10, 113.0)
 
 
-def test_plan_buckets_matches_the_hf_engine():
-    from ulorl.rollout.engines import hf
-    from ulorl.report.simulator import plan_buckets
+def test_engine_and_simulator_share_one_torch_free_plan_buckets():
+    import subprocess
+    import sys
 
-    rng = np.random.default_rng(0)
-    for _ in range(30):
-        lens = sorted(rng.integers(5, 400, size=int(rng.integers(1, 90))).tolist())
-        dec = int(rng.integers(1, 300))
-        assert plan_buckets(lens, dec) == hf.plan_buckets(lens, dec)
-    assert plan_buckets([10] * 5 + [300] * 5, 32) == [(0, 5), (5, 10)]
+    from ulorl.report import simulator
+    from ulorl.rollout import buckets
+    from ulorl.rollout.engines import hf
+
+    assert simulator.plan_buckets is buckets.plan_buckets is hf.plan_buckets
+    assert buckets.plan_buckets([10] * 5 + [300] * 5, 32) == [(0, 5), (5, 10)]
+    code = "import sys, ulorl.rollout.buckets, ulorl.report.simulator; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_validate_fits_the_per_bucket_cost_of_a_bucketed_engine():

@@ -156,21 +156,14 @@ def test_resume_after_kill_9(tmp_path):
 
 
 def _first_update_metrics(tmp_path: Path, *extra: str) -> dict[str, float]:
-    from ulorl.train.update import policy_update
-
     t = Trainer(_cfg(tmp_path, "train.max_steps=1", *extra), run_dir=tmp_path / "r", progress=False)
-    t._setup()
+    t.setup()
     try:
         for _ in range(20):
-            t.step += 1  # as the trainer's loop does before each rollout
-            res, _m = t._rollout()
-            samples = [s for g in res.groups for s in g]
-            if samples and len({s.reward for s in samples}) > 1:
-                upd = policy_update(samples, t.backend, t.cfg.algo, t.cfg.train, t.cfg.rollout.temperature,
-                                    t.pad_id, t.device)
-                if upd.updated:
-                    multi = any(len(s.segments) > 1 for s in upd.kept_samples)
-                    return {**upd.metrics, "multi_segment": float(multi)}
+            out = t.train_step()
+            if out.update is not None and out.update.updated:
+                multi = any(len(s.segments) > 1 for s in out.update.kept_samples)
+                return {**out.update.metrics, "multi_segment": float(multi)}
             # advance the policy version so later segments come from a newer policy (SAIS)
             for p in t.model.parameters():
                 p.data.add_(torch.randn_like(p) * 1e-3)
@@ -178,9 +171,7 @@ def _first_update_metrics(tmp_path: Path, *extra: str) -> dict[str, float]:
             t.engine.update_weights(t.backend.state_dict_for_rollout(), t.policy_version)
         pytest.fail("no trainable group in 20 rollout steps")
     finally:
-        t.scorer.close()
-        if t.tracker is not None:
-            t.tracker.end("FINISHED")
+        t.close()
 
 
 def test_pois_ratio_is_one_on_a_single_update(tmp_path):
@@ -200,12 +191,12 @@ def test_nonfinite_loss_refuses_the_update(tmp_path):
 
     t = Trainer(_cfg(tmp_path, "train.max_steps=1", "algo.is_mode=sais", "algo.dynamic_sampling=false"),
                 run_dir=tmp_path / "r", progress=False)
-    t._setup()
+    t.setup()
     try:
         samples = []
         for _ in range(20):
-            res, _m = t._rollout()
-            samples = [s for g in res.groups for s in g]
+            out = t.train_step()
+            samples = [s for g in out.rollout.groups for s in g]
             if samples:
                 break
         assert samples
@@ -219,9 +210,7 @@ def test_nonfinite_loss_refuses_the_update(tmp_path):
         assert all(torch.equal(before[k], after[k]) for k in before)
         assert all(p.grad is None for p in t.model.parameters())
     finally:
-        t.scorer.close()
-        if t.tracker is not None:
-            t.tracker.end("FINISHED")
+        t.close()
 
 
 def test_cli_bad_inputs_give_clear_messages(tmp_path):

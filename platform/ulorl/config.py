@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from ulorl.algo.importance import IS_MODES
+from ulorl.algo.loss import LOSS_AGG
+from ulorl.algo.masks import ENTROPY_SCOPES, MASK_MODES
 
 
 class ConfigError(ValueError):
@@ -27,58 +31,74 @@ class ConfigError(ValueError):
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
+    @field_validator("*")
+    @classmethod
+    def _registry_choice(cls, v: Any, info: ValidationInfo) -> Any:
+        # fields naming a registry entry carry json_schema_extra={"choices": list(REGISTRY)}
+        extra = cls.model_fields[info.field_name].json_schema_extra if info.field_name else None
+        choices = extra.get("choices") if isinstance(extra, dict) else None
+        if isinstance(choices, list) and v not in choices:
+            raise ValueError(f"must be one of {', '.join(repr(c) for c in choices)}")
+        return v
+
 
 class ModelConfig(_Section):
     """Which policy to train. ``embedded`` is the shipped warm-started tiny Qwen3."""
 
     name_or_path: str = Field("embedded", description="'embedded', a local path, or a HF id (online only)")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype of the policy")
     rope_scaling: Optional[dict[str, Any]] = Field(
-        None, description="e.g. {rope_type: yarn, factor: 1.5, original_max_position_embeddings: 95232}"
+        None, description="rope scaling set on the model config, e.g. {rope_type: yarn, factor: 1.5, "
+        "original_max_position_embeddings: 95232}; None = the model's own"
     )
-    trust_remote_code: bool = False
+    trust_remote_code: bool = Field(False, description="allow the model repository's own Python code (transformers)")
 
 
 class TaskConfig(_Section):
     """The embedded synthetic task (running partial sums with a long-tailed number of terms)."""
 
-    seed: int = 0
-    num_train: int = Field(20000, ge=1)
-    num_heldout: int = Field(256, ge=1)
+    seed: int = Field(0, description="seed of the task generator (which problems exist)")
+    num_train: int = Field(20000, ge=1, description="problems in the train split")
+    num_heldout: int = Field(256, ge=1, description="problems in the held-out split (disjoint from train)")
 
 
 class DataConfig(_Section):
     """Prompt datasets. ``embedded`` = the synthetic task; else a JSONL path (problem/answer),
     a benchmark name resolved in ``data_dir`` (``aime2025``, ``beyondaime``), or a HF dataset id."""
 
-    train: str = "embedded"
-    heldout: str = "embedded"
+    train: str = Field("embedded", description="training prompts: 'embedded', a JSONL path, a benchmark name or a HF id")
+    heldout: str = Field("embedded", description="held-out prompts for periodic eval (same forms as data.train)")
     data_dir: Optional[str] = Field(None, description="folder with aime2025.jsonl etc.; else $ULORL_DATA_DIR")
-    task: TaskConfig = TaskConfig()
-    shuffle: bool = True
-    seed: int = 0
+    task: TaskConfig = Field(TaskConfig(), description="the embedded synthetic task (used when train/heldout = embedded)")
+    shuffle: bool = Field(True, description="shuffle the training prompts (reshuffled each epoch)")
+    seed: int = Field(0, description="seed of the prompt order")
 
 
 class RolloutConfig(_Section):
     """Segment rollout (PAPER.md section 1). Segment length = max_response_len / segments."""
 
-    engine: Literal["hf", "vllm"] = "hf"
-    device: str = "cpu"
+    engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: 'hf' (transformers, CPU/GPU) or 'vllm' (gpu extra)")
+    device: str = Field("cpu", description="torch device of the policy, rollout and training ('cpu', 'cuda', 'cuda:1')")
     segments: int = Field(4, ge=1, description="S: at most S segments of max_response_len/S tokens")
     max_response_len: int = Field(512, ge=1, description="global maximum response length (tokens)")
     prompts_per_step: int = Field(16, ge=1, description="new prompts added to each rollout step")
     group_size: int = Field(8, ge=1, description="G responses per prompt")
-    temperature: float = Field(0.85, gt=0)
-    top_p: float = Field(1.0, gt=0, le=1.0)
-    top_k: int = Field(-1, ge=-1, description="-1 = off")
-    batching: Literal["static", "compact"] = "compact"
-    min_ready_groups: int = Field(1, ge=1, description="update only when this many complete groups wait")
+    temperature: float = Field(0.85, gt=0, description="sampling temperature; log-probs, entropy and MPTs use it too")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="nucleus sampling mass (1.0 = off)")
+    top_k: int = Field(-1, ge=-1, description="top-k sampling (-1 = off)")
+    batching: Literal["static", "compact"] = Field(
+        "compact", description="hf engine: 'static' keeps finished rows until the batch is done, 'compact' drops them"
+    )
+    min_ready_groups: int = Field(
+        1, ge=1, description="update only when this many complete groups wait (mixed-reward groups with "
+        "algo.dynamic_sampling_fill)"
+    )
     max_staleness: Optional[int] = Field(None, ge=0, description="drop samples older than this many versions")
     max_unfinished: Optional[int] = Field(None, ge=1, description="stop admitting new prompts above this pool size")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the sampling draws (per request and position)")
     # vLLM-only knobs (ignored by the hf engine)
-    vllm_gpu_memory_utilization: float = Field(0.85, gt=0, le=1.0)
-    vllm_enable_prefix_caching: bool = True
+    vllm_gpu_memory_utilization: float = Field(0.85, gt=0, le=1.0, description="vLLM: fraction of GPU memory it may use")
+    vllm_enable_prefix_caching: bool = Field(True, description="vLLM: reuse cached keys/values of shared prefixes")
 
     @property
     def segment_len(self) -> int:
@@ -89,9 +109,9 @@ class RewardConfig(_Section):
     """Rule-based math-verify reward, optionally backed by a generative judge (PAPER.md section 4)."""
 
     timeout_s: float = Field(5.0, gt=0, description="time bound per verification (process pool)")
-    num_workers: int = Field(1, ge=1)
+    num_workers: int = Field(1, ge=1, description="verification worker processes")
     judge_model: Optional[str] = Field(None, description="path/HF id of a judge model; None = judge off")
-    judge_max_new_tokens: int = Field(64, ge=1)
+    judge_max_new_tokens: int = Field(64, ge=1, description="token budget of one judge answer")
     extraction: Literal["boxed", "boxed_or_final"] = Field(
         "boxed", description="final-answer extraction: 'boxed' = last \\boxed{} only, no box -> reward 0 (the "
         "training format incentive); 'boxed_or_final' = else a final-answer statement ('the answer is X', "
@@ -101,10 +121,16 @@ class RewardConfig(_Section):
 class MPTConfig(_Section):
     """Masking of well-mastered positive tokens (PAPER.md section 3, Eq. 10)."""
 
-    mode: Literal["off", "static", "dynamic"] = "dynamic"
+    mode: str = Field(
+        "dynamic", description="masking of well-mastered positive tokens: 'off', 'static' (MPT, every step) or "
+        "'dynamic' (DMMPT, only while entropy < sigma)", json_schema_extra={"choices": list(MASK_MODES)}
+    )
     tau: float = Field(0.99, gt=0.0, le=1.0, description="MPT probability threshold, in (0, 1]")
     sigma: float = Field(0.2, ge=0.0, description="target entropy (dynamic mode)")
-    entropy_scope: Literal["sample", "batch"] = "sample"
+    entropy_scope: str = Field(
+        "sample", description="entropy compared with sigma: the sample's mean token entropy, or the batch's",
+        json_schema_extra={"choices": list(ENTROPY_SCOPES)},
+    )
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -116,75 +142,110 @@ class MPTConfig(_Section):
 class AlgoConfig(_Section):
     """Loss and importance sampling."""
 
-    is_mode: Literal["pois", "sais", "tois"] = "pois"
-    eps_low: float = Field(0.2, ge=0.0, lt=1.0)
-    eps_high: float = Field(0.2, ge=0.0)
-    adv_eps: float = Field(1e-6, gt=0)
-    dynamic_sampling: bool = True
-    mpt: MPTConfig = MPTConfig()
+    is_mode: str = Field(
+        "pois", description="old log-probs of the ratio: 'pois' (recomputed by the current model), 'sais' (per "
+        "segment's policy version), 'tois' (true on-policy, segments = 1)", json_schema_extra={"choices": list(IS_MODES)}
+    )
+    eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="lower clip: ratio >= 1 - eps_low")
+    eps_high: float = Field(0.2, ge=0.0, description="upper clip: ratio <= 1 + eps_high (clip-higher when > eps_low)")
+    adv_eps: float = Field(1e-6, gt=0, description="added to the group std in the advantage denominator")
+    adv_std: Literal["population", "unbiased"] = Field(
+        "population",
+        description="group std in the advantage (r - mean) / (std + adv_eps): 'population' divides the "
+        "variance by G (the default), 'unbiased' by G - 1 (torch.std, as verl and DeepSeekMath)",
+    )
+    dynamic_sampling: bool = Field(True, description="drop groups whose rewards are all equal (no learning signal)")
+    dynamic_sampling_fill: bool = Field(
+        False, description="DAPO-style fill: a training step keeps rolling out (admitting new prompts each round) "
+        "until rollout.min_ready_groups groups with mixed rewards are ready, instead of training on what survives"
+    )
+    dynamic_sampling_fill_max_rounds: int = Field(
+        8, ge=1, description="with dynamic_sampling_fill: most rollout rounds in one training step (then it trains "
+        "on what is ready, or skips)"
+    )
+    loss_agg: str = Field(
+        "token_mean", description="loss aggregation: 'token_mean' (sum / all response tokens, Eq. 10, the paper's) "
+        "or 'seq_mean' (mean over sequences of per-sequence means, GRPO)", json_schema_extra={"choices": list(LOSS_AGG)}
+    )
+    mpt: MPTConfig = Field(MPTConfig(), description="masking of well-mastered positive tokens")
 
 
 class DeepSpeedConfig(_Section):
-    zero_stage: Literal[0, 1, 2, 3] = 2
-    offload_optimizer: bool = False
-    num_processes: int = Field(1, ge=1)
+    """DeepSpeed ZeRO settings (train.backend = deepspeed; ranks = resources.trainer_workers)."""
+
+    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="ZeRO stage (2: optimizer + gradients sharded, 3: + parameters)")
+    offload_optimizer: bool = Field(False, description="keep optimizer state in CPU memory")
 
 
 class ResourcesConfig(_Section):
     """Placement of one run (Ray placement group): trainer workers and rollout engines."""
 
     trainer_workers: int = Field(1, ge=1, description="trainer processes (DeepSpeed ranks)")
-    rollout_engines: int = Field(1, ge=1)
-    gpus_per_trainer_worker: float = Field(0.0, ge=0)
+    rollout_engines: int = Field(1, ge=1, description="rollout engine actors")
+    gpus_per_trainer_worker: float = Field(0.0, ge=0, description="GPUs reserved per trainer worker")
     gpus_per_engine: float = Field(0.0, ge=0, description="also the vLLM tensor-parallel size when > 1")
-    cpus_per_trainer_worker: float = Field(1.0, gt=0)
-    cpus_per_engine: float = Field(1.0, gt=0)
-    nodes: int = Field(1, ge=1)
+    cpus_per_trainer_worker: float = Field(1.0, gt=0, description="CPUs reserved per trainer worker")
+    cpus_per_engine: float = Field(1.0, gt=0, description="CPUs reserved per rollout engine")
+    nodes: int = Field(1, ge=1, description="1 = everything on one machine (STRICT_PACK); > 1 = spread (PACK)")
 
 
 class TrainConfig(_Section):
-    backend: Literal["torch", "deepspeed"] = "torch"
-    lr: float = Field(1e-6, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = Field(1.0, gt=0)
-    max_steps: int = Field(50, ge=1)
-    updates_per_step: int = Field(1, ge=1, description="mini-batch updates per rollout step")
+    """Optimizer, step loop and checkpoints."""
+
+    backend: Literal["torch", "deepspeed"] = Field("torch", description="'torch' (one process) or 'deepspeed' (ZeRO)")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (constant)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    grad_clip: float = Field(1.0, gt=0, description="clip the gradient norm to this value")
+    max_steps: int = Field(50, ge=1, description="rollout steps of the run")
+    updates_per_step: int = Field(
+        1, ge=1,
+        description="mini-batch updates (optimizer steps) per rollout step; the paper uses 1. With more than 1, "
+        "the old log-probs, the MPT mask and the DMMPT entropy gate all come from the pre-update model "
+        "(one no-grad pass before the first optimizer step), for every mini-batch",
+    )
     micro_batch_tokens: int = Field(8192, ge=1, description="token budget of one forward/backward")
-    bf16: bool = False
-    seed: int = 0
+    bf16: bool = Field(False, description="bfloat16 autocast for training forwards")
+    seed: int = Field(0, description="seed of python / numpy / torch at start-up")
     threads: Optional[int] = Field(None, ge=1, description="torch threads; default = cores available")
-    output_dir: str = "runs"
-    checkpoint_every: int = Field(10, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
-    max_wall_s: Optional[float] = Field(None, gt=0)
-    deepspeed: DeepSpeedConfig = DeepSpeedConfig()
+    output_dir: str = Field("runs", description="run folders go to output_dir/<name>/<timestamp>")
+    checkpoint_every: int = Field(10, ge=1, description="checkpoint every N steps (and at the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
+    max_wall_s: Optional[float] = Field(None, gt=0, description="stop (checkpointed) after this many seconds")
+    deepspeed: DeepSpeedConfig = Field(DeepSpeedConfig(), description="DeepSpeed settings (backend = deepspeed)")
 
 
 class TrackingConfig(_Section):
+    """MLflow tracking: where runs go and what they carry."""
+
     uri: Optional[str] = Field(None, description="MLflow URI; else $MLFLOW_TRACKING_URI; else sqlite:///./mlflow.db")
-    experiment: str = "ulorl"
-    run_name: Optional[str] = None
-    paper_ref: Optional[Literal["table1", "table2", "table3", "fig2", "fig4", "fig5"]] = None
+    experiment: str = Field("ulorl", description="MLflow experiment name")
+    run_name: Optional[str] = Field(None, description="MLflow run name; default = the experiment's name")
+    paper_ref: Optional[Literal["table1", "table2", "table3", "fig2", "fig4", "fig5"]] = Field(
+        None, description="which paper table / figure the run belongs to (tag read by ulorl-tables)"
+    )
     sample_every: int = Field(5, ge=1, description="log sampled responses every N steps")
-    samples_per_log: int = Field(4, ge=0)
-    tags: dict[str, str] = Field(default_factory=dict)
+    samples_per_log: int = Field(4, ge=0, description="responses per sample log (0 = none)")
+    tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow tags of the run")
 
 
 class EvalConfig(_Section):
+    """Periodic held-out evaluation during training (avg@k on data.heldout)."""
+
     every: int = Field(10, ge=0, description="periodic held-out eval every N steps (0 = off)")
-    benchmark: str = "heldout"
-    k: int = Field(4, ge=1)
-    num_problems: Optional[int] = Field(64, ge=1)
-    temperature: float = Field(0.85, gt=0)
-    top_p: float = Field(0.95, gt=0, le=1.0)
-    top_k: int = Field(20, ge=-1)
+    k: int = Field(4, ge=1, description="responses per problem (avg@k, pass@k)")
+    num_problems: Optional[int] = Field(64, ge=1, description="first N held-out problems; None = all")
+    temperature: float = Field(0.85, gt=0, description="eval sampling temperature")
+    top_p: float = Field(0.95, gt=0, le=1.0, description="eval nucleus sampling mass")
+    top_k: int = Field(20, ge=-1, description="eval top-k (-1 = off)")
     max_new_tokens: Optional[int] = Field(None, ge=1, description="default: rollout.max_response_len")
-    seed: int = 1234
+    seed: int = Field(1234, description="seed of the eval sampling draws")
 
 
 class ExperimentConfig(_Section):
-    name: str = "experiment"
+    """One experiment: every section, with cross-section checks."""
+
+    name: str = Field("experiment", description="experiment name (default: the YAML file's stem)")
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -207,6 +268,14 @@ class ExperimentConfig(_Section):
             raise ValueError(
                 f"algo.is_mode=tois (true on-policy) requires rollout.segments=1, got {r.segments}; "
                 "use pois or sais with segments > 1"
+            )
+        if self.algo.dynamic_sampling_fill and not self.algo.dynamic_sampling:
+            raise ValueError("algo.dynamic_sampling_fill=true requires algo.dynamic_sampling=true")
+        if self.algo.is_mode == "tois" and r.min_ready_groups > r.prompts_per_step:
+            raise ValueError(
+                f"algo.is_mode=tois (true on-policy) requires rollout.min_ready_groups <= "
+                f"rollout.prompts_per_step, got rollout.min_ready_groups={r.min_ready_groups} > "
+                f"rollout.prompts_per_step={r.prompts_per_step}: groups would wait across policy versions"
             )
         return self
 

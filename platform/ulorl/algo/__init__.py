@@ -10,7 +10,7 @@ One update, in order (tests/test_algo_pipeline.py runs exactly this)::
         cur, _ = logprobs_and_entropy(model_logits(), labels, temperature)
     old = select_old_logprobs(is_mode, cur, sais_logprobs)         # Float[B, T], detached
     logprobs, entropy = logprobs_and_entropy(model_logits(), labels, temperature)  # grad / no grad
-    mask = MASK_FNS[mode](logprobs, rewards[keep], response_mask, entropy, tau=tau, sigma=sigma, scope=scope)
+    mask = loss_mask(mode, MaskInputs(logprobs, rewards[keep], response_mask, entropy, tau=tau, sigma=sigma))
     loss, metrics = policy_loss(logprobs, old, adv, response_mask, mask, eps_low, eps_high, num_tokens=n_global)
     loss.backward()
 
@@ -21,35 +21,38 @@ marks response positions in that shifted frame.
 from ulorl.algo.advantages import group_advantages
 from ulorl.algo.entropy import token_entropy
 from ulorl.algo.filters import dynamic_sampling_filter
-from ulorl.algo.importance import IS_MODES, requires_recompute, select_old_logprobs
+from ulorl.algo.importance import IS_MODES, select_old_logprobs
 from ulorl.algo.logprobs import logprobs_and_entropy, logprobs_from_logits
 from ulorl.algo.loss import LOSS_AGG, policy_loss
 from ulorl.algo.masks import (
     ENTROPY_SCOPES,
-    MASK_FNS,
+    MASK_MODES,
+    MaskInputs,
+    MaskMode,
     dmmpt_mask,
+    loss_mask,
     mask_active_samples,
     mean_response_entropy,
     mpt_mask,
-    static_mpt_mask,
 )
 
 __all__ = [
     "ENTROPY_SCOPES",
     "IS_MODES",
     "LOSS_AGG",
-    "MASK_FNS",
+    "MASK_MODES",
+    "MaskInputs",
+    "MaskMode",
     "dmmpt_mask",
     "dynamic_sampling_filter",
     "group_advantages",
     "logprobs_and_entropy",
     "logprobs_from_logits",
+    "loss_mask",
     "mask_active_samples",
     "mean_response_entropy",
     "mpt_mask",
     "policy_loss",
-    "requires_recompute",
     "select_old_logprobs",
-    "static_mpt_mask",
     "token_entropy",
 ]

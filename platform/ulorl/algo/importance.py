@@ -28,15 +28,11 @@ class OldLogprobFn(Protocol):
     def __call__(self, current_logprobs: Tensor, sais_logprobs: Tensor | None) -> Tensor: ...
 
 
-def _pois(current_logprobs: Tensor, sais_logprobs: Tensor | None) -> Tensor:
+def _current(current_logprobs: Tensor, sais_logprobs: Tensor | None) -> Tensor:
     return current_logprobs.detach()
 
 
-def _tois(current_logprobs: Tensor, sais_logprobs: Tensor | None) -> Tensor:
-    return current_logprobs.detach()
-
-
-def _sais(current_logprobs: Tensor, sais_logprobs: Tensor | None) -> Tensor:
+def _stored(current_logprobs: Tensor, sais_logprobs: Tensor | None) -> Tensor:
     if sais_logprobs is None:
         raise ValueError("is_mode 'sais' needs the per-token log-probs stored at each segment's policy version")
     if sais_logprobs.shape != current_logprobs.shape:
@@ -47,19 +43,9 @@ def _sais(current_logprobs: Tensor, sais_logprobs: Tensor | None) -> Tensor:
     return sais_logprobs.detach().to(current_logprobs.dtype)
 
 
-#: ``algo.is_mode`` -> function(current_logprobs, sais_logprobs) -> old log-probs Float[B, T].
-IS_MODES: dict[str, OldLogprobFn] = {"pois": _pois, "sais": _sais, "tois": _tois}
-
-
-def requires_recompute(is_mode: str) -> bool:
-    """Whether the mode needs a no-grad forward of the current model before the update."""
-    _check_mode(is_mode)
-    return is_mode in ("pois", "tois")
-
-
-def _check_mode(is_mode: str) -> None:
-    if is_mode not in IS_MODES:
-        raise ValueError(f"is_mode must be one of {tuple(IS_MODES)}, got {is_mode!r}")
+#: ``algo.is_mode`` -> function(current_logprobs, sais_logprobs) -> old log-probs Float[B, T];
+#: the config's allowed values are these keys. POIS and TOIS both use the current model's.
+IS_MODES: dict[str, OldLogprobFn] = {"pois": _current, "sais": _stored, "tois": _current}
 
 
 def select_old_logprobs(is_mode: str, current_logprobs: Tensor, sais_logprobs: Tensor | None = None) -> Tensor:
@@ -75,5 +61,6 @@ def select_old_logprobs(is_mode: str, current_logprobs: Tensor, sais_logprobs: T
     Returns:
         Float[B, T], detached.
     """
-    _check_mode(is_mode)
+    if is_mode not in IS_MODES:
+        raise ValueError(f"is_mode must be one of {tuple(IS_MODES)}, got {is_mode!r}")
     return IS_MODES[is_mode](current_logprobs, sais_logprobs)

@@ -11,12 +11,12 @@ padding), token_entropy Float[B, T] (per-token entropy of the same distribution)
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-EntropyScope = Literal["sample", "batch"]
 ENTROPY_SCOPES: tuple[str, ...] = ("sample", "batch")
 
 
@@ -53,14 +53,10 @@ def mpt_mask(token_logprobs: Tensor, rewards: Tensor, response_mask: Tensor, tau
     return positive & response_mask & confident
 
 
-static_mpt_mask = mpt_mask
-"""Static masking (Fig. 4): every MPT is excluded at every step; identical to :func:`mpt_mask`."""
-
-
 def mean_response_entropy(
     token_entropy: Tensor,
     response_mask: Tensor,
-    scope: EntropyScope = "sample",
+    scope: str = "sample",
     batch_entropy: float | Tensor | None = None,
 ) -> Tensor:
     """The entropy H compared with sigma, per sample: Float[B].
@@ -96,7 +92,7 @@ def dmmpt_mask(
     token_entropy: Tensor,
     tau: float,
     sigma: float,
-    scope: EntropyScope = "sample",
+    scope: str = "sample",
     *,
     batch_entropy: float | Tensor | None = None,
 ) -> Tensor:
@@ -117,97 +113,96 @@ def dmmpt_mask(
     return mpt & gate.reshape(-1, 1)
 
 
-# ---- registry with one signature ------------------------------------------------------------
+# ---- registry: algo.mpt.mode -> (loss mask, gate-open samples) --------------------------------
 
 
-class MaskFn(Protocol):
-    def __call__(
-        self,
-        token_logprobs: Tensor,
-        rewards: Tensor,
-        response_mask: Tensor,
-        token_entropy: Tensor | None,
-        *,
-        tau: float,
-        sigma: float,
-        scope: EntropyScope = "sample",
-        batch_entropy: float | Tensor | None = None,
-    ) -> Tensor: ...
+@dataclass(frozen=True)
+class MaskInputs:
+    """What a masking mode reads for one batch (all treated as data).
 
-
-def _mask_off(
-    token_logprobs: Tensor,
-    rewards: Tensor,
-    response_mask: Tensor,
-    token_entropy: Tensor | None,
-    *,
-    tau: float,
-    sigma: float,
-    scope: EntropyScope = "sample",
-    batch_entropy: float | Tensor | None = None,
-) -> Tensor:
-    _check_common(token_logprobs, rewards, response_mask)
-    return torch.zeros_like(response_mask)
-
-
-def _mask_static(
-    token_logprobs: Tensor,
-    rewards: Tensor,
-    response_mask: Tensor,
-    token_entropy: Tensor | None,
-    *,
-    tau: float,
-    sigma: float,
-    scope: EntropyScope = "sample",
-    batch_entropy: float | Tensor | None = None,
-) -> Tensor:
-    return static_mpt_mask(token_logprobs, rewards, response_mask, tau)
-
-
-def _mask_dynamic(
-    token_logprobs: Tensor,
-    rewards: Tensor,
-    response_mask: Tensor,
-    token_entropy: Tensor | None,
-    *,
-    tau: float,
-    sigma: float,
-    scope: EntropyScope = "sample",
-    batch_entropy: float | Tensor | None = None,
-) -> Tensor:
-    if token_entropy is None:
-        raise ValueError("mpt mode 'dynamic' needs token_entropy [B, T]")
-    return dmmpt_mask(
-        token_logprobs, rewards, response_mask, token_entropy, tau, sigma, scope, batch_entropy=batch_entropy
-    )
-
-
-#: ``algo.mpt.mode`` -> mask function. Call as
-#: ``MASK_FNS[mode](token_logprobs, rewards, response_mask, token_entropy, tau=, sigma=, scope=)``.
-MASK_FNS: dict[str, MaskFn] = {"off": _mask_off, "static": _mask_static, "dynamic": _mask_dynamic}
-
-
-def mask_active_samples(
-    mode: str,
-    token_entropy: Tensor | None,
-    response_mask: Tensor,
-    *,
-    sigma: float,
-    scope: EntropyScope = "sample",
-    batch_entropy: float | Tensor | None = None,
-) -> Tensor:
-    """Which samples had the masking gate open, Bool[B] (for ``train/mask_active_frac``).
-
-    "off": none; "static": all; "dynamic": H_i < sigma (whether or not the sample has MPTs;
-    the count of actually masked tokens is ``train/masked_frac``).
+    token_logprobs: Float[B, T]; rewards: Float[B]; response_mask: Bool[B, T];
+    token_entropy: Float[B, T] or None (needed by "dynamic"); tau, sigma, scope, batch_entropy
+    as in :func:`dmmpt_mask`. Shapes are checked at construction.
     """
-    if mode not in MASK_FNS:
-        raise ValueError(f"mpt mode must be one of {tuple(MASK_FNS)}, got {mode!r}")
-    b = response_mask.shape[0]
-    if mode == "off":
-        return torch.zeros(b, dtype=torch.bool, device=response_mask.device)
-    if mode == "static":
-        return torch.ones(b, dtype=torch.bool, device=response_mask.device)
-    if token_entropy is None:
-        raise ValueError("mpt mode 'dynamic' needs token_entropy [B, T]")
-    return mean_response_entropy(token_entropy, response_mask, scope, batch_entropy) < sigma
+
+    token_logprobs: Tensor
+    rewards: Tensor
+    response_mask: Tensor
+    token_entropy: Optional[Tensor] = None
+    tau: float = 0.99
+    sigma: float = 0.2
+    scope: str = "sample"
+    batch_entropy: float | Tensor | None = None
+
+    def __post_init__(self) -> None:
+        _check_common(self.token_logprobs, self.rewards, self.response_mask)
+        if self.scope not in ENTROPY_SCOPES:
+            raise ValueError(f"entropy scope must be one of {ENTROPY_SCOPES}, got {self.scope!r}")
+        if self.token_entropy is not None:
+            _check_bt("token_entropy", self.token_entropy, self.response_mask)
+
+    def entropy(self) -> Tensor:
+        if self.token_entropy is None:
+            raise ValueError("mpt mode 'dynamic' needs token_entropy [B, T]")
+        return self.token_entropy
+
+
+@dataclass(frozen=True)
+class MaskMode:
+    """One ``algo.mpt.mode``: ``mask`` -> Bool[B, T] (True = excluded from the loss);
+    ``active`` -> Bool[B], the samples whose masking gate is open (``train/mask_active_frac``)."""
+
+    mask: Callable[[MaskInputs], Tensor]
+    active: Callable[[MaskInputs], Tensor]
+
+
+def _mask_nothing(x: MaskInputs) -> Tensor:
+    return torch.zeros_like(x.response_mask)
+
+
+def _mask_mpt(x: MaskInputs) -> Tensor:
+    return mpt_mask(x.token_logprobs, x.rewards, x.response_mask, x.tau)
+
+
+def _mask_dmmpt(x: MaskInputs) -> Tensor:
+    return dmmpt_mask(x.token_logprobs, x.rewards, x.response_mask, x.entropy(), x.tau, x.sigma, x.scope,
+                      batch_entropy=x.batch_entropy)
+
+
+def _no_rows(x: MaskInputs) -> Tensor:
+    return torch.zeros(x.response_mask.shape[0], dtype=torch.bool, device=x.response_mask.device)
+
+
+def _all_rows(x: MaskInputs) -> Tensor:
+    return torch.ones(x.response_mask.shape[0], dtype=torch.bool, device=x.response_mask.device)
+
+
+def _gate_open(x: MaskInputs) -> Tensor:
+    return mean_response_entropy(x.entropy(), x.response_mask, x.scope, x.batch_entropy) < x.sigma
+
+
+#: ``algo.mpt.mode`` -> :class:`MaskMode`; the config's allowed values are these keys.
+#: "off": nothing masked; "static": every MPT (Fig. 4); "dynamic": DMMPT, MPTs of samples with H < sigma.
+MASK_MODES: dict[str, MaskMode] = {
+    "off": MaskMode(mask=_mask_nothing, active=_no_rows),
+    "static": MaskMode(mask=_mask_mpt, active=_all_rows),
+    "dynamic": MaskMode(mask=_mask_dmmpt, active=_gate_open),
+}
+
+
+def mask_mode(mode: str) -> MaskMode:
+    """The registry entry of ``mode``; ValueError naming the allowed modes otherwise."""
+    if mode not in MASK_MODES:
+        raise ValueError(f"mpt mode must be one of {tuple(MASK_MODES)}, got {mode!r}")
+    return MASK_MODES[mode]
+
+
+def loss_mask(mode: str, inputs: MaskInputs) -> Tensor:
+    """Bool[B, T]: tokens excluded from the loss under ``mode``."""
+    return mask_mode(mode).mask(inputs)
+
+
+def mask_active_samples(mode: str, inputs: MaskInputs) -> Tensor:
+    """Bool[B]: samples whose masking gate is open ("off": none; "static": all; "dynamic":
+    H_i < sigma, whether or not the sample has MPTs — ``train/masked_frac`` counts masked tokens)."""
+    return mask_mode(mode).active(inputs)

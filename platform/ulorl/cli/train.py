@@ -16,12 +16,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a policy with UloRL (segment rollout, POIS/SAIS/TOIS, DMMPTs) and track it in MLflow.",
         epilog="Example: ulorl-train experiments/quickstart.yaml train.max_steps=20 algo.mpt.tau=0.95",
     )
-    p.add_argument("experiment", help="experiment YAML (see experiments/)")
+    p.add_argument("experiment", nargs="?", help="experiment YAML (see experiments/)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.segments=8 tracking.uri=sqlite:///x.db")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (else tracking.uri, $MLFLOW_TRACKING_URI, ./mlflow.db)")
     p.add_argument("--resume", nargs="?", const="auto", metavar="RUN_DIR",
                    help="continue a stopped run from its latest checkpoint (RUN_DIR, or newest run of this experiment)")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: accept algorithm / rollout / model / data settings that differ from the "
+                   "checkpoint's (refused by default, naming each changed key)")
     p.add_argument("--run-dir", help="where checkpoints go (default: train.output_dir/<name>/<timestamp>)")
+    p.add_argument("--explain", nargs="?", const="", metavar="KEY",
+                   help="print the documented config schema (type, default, range, description) of a section "
+                   "(algo, algo.mpt, ...) or a key (algo.mpt.tau); no KEY = every key; needs no experiment")
     p.add_argument("--dry-run", action="store_true", help="validate, print the resolved config and plan, start nothing")
     p.add_argument("--ray", action="store_true", help="run inside a Ray placement group (trainer workers + engine)")
     p.add_argument("--address", help="Ray cluster address for --ray (default: a local Ray on 127.0.0.1)")
@@ -31,7 +37,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_intermixed_args(argv)
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    if args.explain is not None:
+        from ulorl.config_doc import explain
+
+        try:
+            print(explain(args.explain or None))
+        except KeyError as exc:
+            print(f"ulorl-train: {exc.args[0]}", file=sys.stderr)
+            return 2
+        return 0
+    if args.experiment is None:
+        parser.error("the following arguments are required: experiment")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_experiment(args.experiment, args.overrides)
@@ -53,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = Trainer(
             cfg, run_dir=args.run_dir, resume=args.resume, tracking_uri=args.tracking_uri,
-            progress=not args.no_progress,
+            progress=not args.no_progress, allow_config_change=args.allow_config_change,
         ).run()
     except (FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)

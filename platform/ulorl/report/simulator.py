@@ -48,6 +48,7 @@ from typing import Any, Iterable, Literal, Optional, Sequence
 
 import numpy as np
 
+from ulorl.rollout.buckets import plan_buckets
 from ulorl.rollout.prefix import prefill_tokens as _forest_prefill_tokens
 from ulorl.rollout.prefix import sequences_with_lcps
 
@@ -481,43 +482,6 @@ class RolloutSetup:
     @property
     def segment_len(self) -> int:
         return -(-self.max_len // self.segments)
-
-
-def plan_buckets(ctx_lens: Sequence[int], decode_len: int, max_buckets: int = 4,
-                 overhead: float = 256.0) -> list[tuple[int, int]]:
-    """Contiguous buckets ``[(start, end), ...]`` of rows sorted by context length, minimising
-    ``sum_b rows_b * (max_ctx_b + decode_len / 2) + overhead * #buckets`` — the same plan as
-    ``ulorl.rollout.engines.hf.plan_buckets`` (re-implemented here without torch)."""
-    n = len(ctx_lens)
-    if n == 0:
-        return []
-    lens = np.asarray(ctx_lens, dtype=float)
-    if np.any(np.diff(lens) < 0):
-        raise ValueError("plan_buckets: ctx_lens must be sorted ascending")
-    ends = [i + 1 for i in range(n) if i == n - 1 or ctx_lens[i + 1] != ctx_lens[i]]
-    m = len(ends)
-    if m > 64:
-        stp = m / 64
-        ends = sorted({ends[min(m - 1, int(round((k + 1) * stp)) - 1)] for k in range(64)} | {n})
-        m = len(ends)
-    e_arr = np.asarray(ends, dtype=float)
-    w_arr = lens[np.asarray(ends) - 1] + decode_len / 2.0
-    K = max(1, max_buckets)
-    best = np.full((K, m), np.inf)
-    back = np.full((K, m), -1, dtype=np.int64)
-    best[0] = e_arr * w_arr + overhead
-    for k in range(1, K):
-        for j in range(1, m):
-            c = best[k - 1, :j] + (e_arr[j] - e_arr[:j]) * w_arr[j] + overhead
-            i = int(np.argmin(c))           # first minimum, as the engine's strict '<' scan
-            best[k, j], back[k, j] = c[i], i
-    k = int(np.argmin(best[:, m - 1]))
-    out, j = [], m - 1
-    while k >= 0 and j >= 0:
-        i = int(back[k, j]) if k > 0 else -1
-        out.append((ends[i] if i >= 0 else 0, ends[j]))
-        j, k = i, k - 1
-    return out[::-1]
 
 
 def effective_context(ctx0: np.ndarray, setup: RolloutSetup, decode_len: int) -> tuple[np.ndarray, np.ndarray]:

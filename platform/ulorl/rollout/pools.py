@@ -24,7 +24,7 @@ Everything here is plain Python; ``state_dict`` returns JSON-able data (``Sample
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from ulorl.rollout.types import Sample, SampleStatus
 
@@ -33,8 +33,18 @@ __all__ = [
     "UnfinishedPool",
     "ExperiencePool",
     "RolloutPools",
+    "has_mixed_rewards",
     "termination_status",
 ]
+
+#: Which ready groups count toward ``min_groups`` in a release (None: every ready group).
+GroupPredicate = Callable[[list[Sample]], bool]
+
+
+def has_mixed_rewards(group: list[Sample]) -> bool:
+    """True when the group's rewards are not all equal (a reward of None counts as 0): the groups
+    that carry a learning signal, i.e. survive ``algo.dynamic_sampling``."""
+    return len({float(s.reward or 0.0) for s in group}) > 1
 
 
 class PoolInvariantError(RuntimeError):
@@ -143,14 +153,19 @@ class ExperiencePool:
             raise PoolInvariantError(f"group {sample.group_id} already holds {self.group_size} samples")
         group[sample.sample_id] = sample
 
-    def release(self, min_groups: int = 1, max_groups: Optional[int] = None) -> list[list[Sample]]:
+    def release(self, min_groups: int = 1, max_groups: Optional[int] = None,
+                counts: Optional[GroupPredicate] = None) -> list[list[Sample]]:
         """Remove and return complete groups, oldest first, if at least ``min_groups`` are ready.
 
         Returns ``[]`` (and releases nothing) when fewer than ``min_groups`` groups are complete.
         ``max_groups`` caps how many are released at once (the rest stay ready for next time).
+        ``counts`` (e.g. :func:`has_mixed_rewards`): only ready groups it accepts count toward
+        ``min_groups``; once enough do, every ready group is released (the update filters the rest).
         """
         ready = self.ready_group_ids()
-        if len(ready) < max(1, min_groups):
+        counted = ready if counts is None else [
+            gid for gid in ready if counts(sorted(self._groups[gid].values(), key=lambda s: s.sample_id))]
+        if len(counted) < max(1, min_groups):
             return []
         if max_groups is not None:
             ready = ready[:max_groups]
@@ -236,8 +251,9 @@ class RolloutPools:
         self.experience.add(sample)
 
     # -- exits -------------------------------------------------------------------------------
-    def release(self, min_groups: int = 1, max_groups: Optional[int] = None) -> list[list[Sample]]:
-        groups = self.experience.release(min_groups, max_groups)
+    def release(self, min_groups: int = 1, max_groups: Optional[int] = None,
+                counts: Optional[GroupPredicate] = None) -> list[list[Sample]]:
+        groups = self.experience.release(min_groups, max_groups, counts)
         for g in groups:
             self._live_groups.pop(g[0].group_id)
             self.released += len(g)

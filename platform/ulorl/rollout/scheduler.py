@@ -14,7 +14,8 @@ One ``SegmentScheduler.step`` is one rollout step of the paper:
 4. Append tokens, sampling log-probs and a ``SegmentSpan(version=policy_version)``; call
    ``on_segment(batch)`` (SAIS old log-probs); route by the termination rules (``pools.py``);
    score the EOS-finished samples with ``score_fn`` (truncated ones get reward 0 unscored).
-5. Release the complete groups from the experience pool if at least ``min_ready_groups`` wait.
+5. Release the complete groups from the experience pool if at least ``min_ready_groups`` wait
+   (with ``release_counts``, e.g. ``has_mixed_rewards``: if that many of them pass it).
 
 Request seeds are a pure function of ``(seed, sample_id, segment index)``, so a run is
 reproducible and a checkpoint (``state_dict``) resumes mid-flight identically. The request id of
@@ -29,7 +30,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
-from ulorl.rollout.pools import PoolInvariantError, RolloutPools, termination_status
+from ulorl.rollout.pools import GroupPredicate, PoolInvariantError, RolloutPools, termination_status
 from ulorl.rollout.types import (
     Engine,
     EngineStats,
@@ -162,6 +163,7 @@ class SegmentScheduler:
         max_staleness: Optional[int] = None,
         max_unfinished: Optional[int] = None,
         seed: int = 0,
+        release_counts: Optional[GroupPredicate] = None,
     ) -> None:
         checks = {
             "segments": (segments, segments >= 1),
@@ -188,6 +190,7 @@ class SegmentScheduler:
         self.max_staleness = max_staleness
         self.max_unfinished = max_unfinished
         self.seed = seed
+        self.release_counts = release_counts  # which ready groups count toward min_ready_groups
         self.pools = RolloutPools(group_size)
         self.step_count = 0
         self.next_sample_id = 0
@@ -309,7 +312,7 @@ class SegmentScheduler:
                 completed.append(s)
 
         # 5. release complete groups
-        groups = pools.release(self.min_ready_groups)
+        groups = pools.release(self.min_ready_groups, counts=self.release_counts)
         pools.check()
 
         self.step_count += 1

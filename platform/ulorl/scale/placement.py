@@ -456,7 +456,8 @@ def run_with_placement(cfg: "ExperimentConfig", args: Any) -> int:
 
     try:
         res = run_placement(cfg, address=args.address, run_dir=args.run_dir, resume=args.resume,
-                            tracking_uri=args.tracking_uri, progress=not args.no_progress)
+                            tracking_uri=args.tracking_uri, progress=not args.no_progress,
+                            allow_config_change=args.allow_config_change)
     except (PlacementError, FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2

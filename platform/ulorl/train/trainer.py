@@ -26,21 +26,34 @@ import numpy as np
 import torch
 
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
+from ulorl.rollout.pools import has_mixed_rewards
 from ulorl.rollout.scheduler import SegmentScheduler
-from ulorl.rollout.types import Sample, SampleStatus, SamplingParams
+from ulorl.rollout.types import Sample, SamplingParams
 from ulorl.tracking import resolve_tracking_uri
 from ulorl.tracking.run import RunTracker
 from ulorl.tracking import schema
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
 from ulorl.train.cohorts import CohortRewards
+from ulorl.train.fill import merge_round_metrics
 from ulorl.train.prompts import PromptStream, load_items
-from ulorl.train.update import policy_update, segment_logprobs
+from ulorl.train.resume import check_resume_config
+from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
 
 log = logging.getLogger("ulorl.train")
 
 RUN_ID_FILE = "mlflow_run_id"
 StepCallback = Callable[[int, dict[str, float], Optional[Path]], None]
+
+
+@dataclass
+class StepResult:
+    """What one :meth:`Trainer.train_step` did: the logged metrics, the update (None when no group
+    was released) and the scheduler's rollout result."""
+
+    metrics: dict[str, float]
+    update: Optional[UpdateResult]
+    rollout: Any
 
 
 @dataclass
@@ -139,6 +152,7 @@ class Trainer:
         fail_at_step: Optional[int] = None,
         eval_at_start: bool = False,
         engine_factory: Optional[Callable[..., Any]] = None,
+        allow_config_change: bool = False,
     ) -> None:
         self.cfg = cfg
         self.resume_dir = find_resume_dir(cfg, resume) if resume else None
@@ -151,13 +165,17 @@ class Trainer:
         self.fail_at_step = fail_at_step
         self.eval_at_start = eval_at_start
         self.engine_factory = engine_factory  # (rollout_cfg, model, tokenizer) -> Engine; default make_engine
+        self.allow_config_change = allow_config_change  # resume even if unsafe keys changed (train.resume)
         self.stop = _StopFlag()
         self.run_id: Optional[str] = None
         self._pending_metrics: list[list[Any]] = []
         self.cohorts = CohortRewards()
+        self._cohort_train_step: dict[int, int] = {}
 
     # ------------------------------------------------------------------ set-up
-    def _setup(self) -> None:
+    def setup(self) -> None:
+        """Load data, model, engine, scorer and tracking (and the checkpoint when resuming).
+        ``run`` calls it; call it yourself to drive :meth:`train_step` step by step."""
         cfg = self.cfg
         if cfg.rollout.engine == "vllm":
             from ulorl.rollout.engines import vllm_available, MissingExtraError
@@ -183,7 +201,8 @@ class Trainer:
         from ulorl.rollout.engines import make_engine
 
         model, tokenizer = load_policy(
-            cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(self.device), rope_scaling=cfg.model.rope_scaling
+            cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(self.device), rope_scaling=cfg.model.rope_scaling,
+            trust_remote_code=cfg.model.trust_remote_code,
         )
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -213,6 +232,7 @@ class Trainer:
             max_staleness=r.max_staleness,
             max_unfinished=r.max_unfinished,
             seed=r.seed,
+            release_counts=has_mixed_rewards if cfg.algo.dynamic_sampling_fill else None,
         )
         self.step = 0
         self.policy_version = 0
@@ -224,6 +244,7 @@ class Trainer:
             self._load(ckpt_io.latest_checkpoint(self.resume_dir))
         if self.backend.is_main_process:
             self._start_tracking()
+        self._t_start = time.perf_counter() - self.wall_s
 
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
         if self.cfg.train.backend == "deepspeed":
@@ -301,6 +322,9 @@ class Trainer:
         from ulorl.rollout.scheduler import PromptRequest
 
         state = ckpt_io.read_trainer_state(path)
+        changes = check_resume_config(state.get("config"), self.cfg, allow=self.allow_config_change)
+        if changes:
+            log.warning("resuming %s with changed config: %s", path, ", ".join(c[0] for c in changes))
         weights = {}
         for f in sorted((path / "model").glob("*.safetensors")):
             weights.update(load_file(str(f)))
@@ -373,6 +397,7 @@ class Trainer:
         """Admission-cohort reward (``ulorl.train.cohorts``), logged at the cohort's own training step.
         Cohorts are keyed by the scheduler's step (``Sample.created_step``), unique per rollout."""
         self.cohorts.admit(res.step, res.admitted)
+        self._cohort_train_step[res.step] = self.step  # several rounds per step with dynamic_sampling_fill
         for s in res.completed:
             self.cohorts.complete(s.created_step, float(s.reward or 0.0), s.response_len)
         for s in res.dropped_samples:
@@ -381,7 +406,8 @@ class Trainer:
         for c in self.cohorts.pop_closed():
             if self.tracker is not None:
                 self.tracker.add_metrics({schema.COHORT_REWARD_METRIC: c.reward_mean,
-                                          schema.COHORT_LEN_METRIC: c.response_len_mean}, c.step + offset)
+                                          schema.COHORT_LEN_METRIC: c.response_len_mean},
+                                         self._cohort_train_step.pop(c.step, c.step + offset))
 
     def _eval(self) -> dict[str, float]:
         from ulorl.eval.runner import evaluate
@@ -405,19 +431,78 @@ class Trainer:
             self.tracker.log_text(result.per_problem_csv(), f"eval/{bench}_per_problem_step_{self.step:06d}.csv")
         return result.metrics()
 
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> StepResult:
+        """One training step after :meth:`setup`: advance ``step``, roll out, update on the released
+        groups, push the new weights to the engine, evaluate when due, and log the step's metrics
+        (and samples) to the tracker. Checkpoints, progress and callbacks are ``run``'s."""
+        cfg = self.cfg
+        self.step += 1
+        if self.fail_at_step is not None and self.step == self.fail_at_step:
+            raise RuntimeError(f"injected failure at step {self.step} (fail_at_step)")
+        t_step = time.perf_counter()
+        res, metrics = self._rollout()
+        if cfg.algo.dynamic_sampling_fill:  # DAPO-style: roll out more until mixed groups are released
+            metrics["rollout/fill_rounds"] = 1.0
+            while not res.groups and metrics["rollout/fill_rounds"] < cfg.algo.dynamic_sampling_fill_max_rounds:
+                res, more = self._rollout()
+                metrics = merge_round_metrics(metrics, more)
+        samples = [s for g in res.groups for s in g]
+        t1 = time.perf_counter()
+        update = None
+        if samples:
+            update = policy_update(
+                samples, self.backend, cfg.algo, cfg.train, cfg.rollout.temperature, self.pad_id, self.device
+            )
+        metrics["time/train_s"] = time.perf_counter() - t1
+        if update is not None and update.updated:
+            self.policy_version += 1
+            self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
+            metrics.update(update.metrics)
+            metrics[schema.SKIPPED_METRIC] = 0.0
+        else:
+            reason = update.reason if update is not None else (
+                f"no complete group ready (need {cfg.rollout.min_ready_groups})"
+            )
+            log.info("step %d: no update: %s", self.step, reason)
+            if update is not None:
+                metrics["train/reward_mean_released"] = update.metrics.get("train/reward_mean", 0.0)
+                if "train/nonfinite" in update.metrics:
+                    metrics["train/nonfinite"] = 1.0
+                    log.warning("step %d: %s", self.step, reason)
+            metrics[schema.SKIPPED_METRIC] = 1.0
+        metrics["train/policy_version"] = float(self.policy_version)
+        if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
+            t_e = time.perf_counter()
+            self.last_eval = self._eval()
+            metrics["time/eval_s"] = time.perf_counter() - t_e
+        metrics.update(self.last_eval)
+        metrics["time/step_s"] = time.perf_counter() - t_step
+        self.wall_s = time.perf_counter() - self._t_start
+        metrics["time/wall_s"] = self.wall_s
+        if self.tracker is not None:
+            self.tracker.add_metrics(metrics, self.step)
+            self._log_samples(update)
+        return StepResult(metrics=metrics, update=update, rollout=res)
+
+    def close(self, status: str = "FINISHED") -> None:
+        """Release what :meth:`setup` started (reward workers, the tracker's run) without ``run``."""
+        self.scorer.close()
+        if self.tracker is not None:
+            self.tracker.end(status)
+
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
         from ulorl.train.distributed import launch_role, run_worker
 
         if launch_role(self.cfg) == "worker":  # rank >= 1 of a multi-process run: follow rank 0
             return run_worker(self)
-        self._setup()
+        self.setup()
         cfg = self.cfg
         self.stop.install()
         progress = _Progress(cfg.train.max_steps, self.step, enabled=self.show_progress)
         status = "FINISHED"
         last: dict[str, float] = {}
-        t_start = time.perf_counter() - self.wall_s
         try:
             if self.eval_at_start and cfg.eval.every and self.step == 0 and not self.last_eval:
                 self.last_eval = self._eval()
@@ -427,47 +512,7 @@ class Trainer:
                 if cfg.train.max_wall_s and self.wall_s >= cfg.train.max_wall_s:
                     log.info("train.max_wall_s reached at step %d", self.step)
                     break
-                self.step += 1
-                if self.fail_at_step is not None and self.step == self.fail_at_step:
-                    raise RuntimeError(f"injected failure at step {self.step} (fail_at_step)")
-                t_step = time.perf_counter()
-                res, metrics = self._rollout()
-                samples = [s for g in res.groups for s in g]
-                t1 = time.perf_counter()
-                update = None
-                if samples:
-                    update = policy_update(
-                        samples, self.backend, cfg.algo, cfg.train, cfg.rollout.temperature, self.pad_id, self.device
-                    )
-                metrics["time/train_s"] = time.perf_counter() - t1
-                if update is not None and update.updated:
-                    self.policy_version += 1
-                    self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
-                    metrics.update(update.metrics)
-                    metrics[schema.SKIPPED_METRIC] = 0.0
-                else:
-                    reason = update.reason if update is not None else (
-                        f"no complete group ready (need {cfg.rollout.min_ready_groups})"
-                    )
-                    log.info("step %d: no update: %s", self.step, reason)
-                    if update is not None:
-                        metrics["train/reward_mean_released"] = update.metrics.get("train/reward_mean", 0.0)
-                        if "train/nonfinite" in update.metrics:
-                            metrics["train/nonfinite"] = 1.0
-                            log.warning("step %d: %s", self.step, reason)
-                    metrics[schema.SKIPPED_METRIC] = 1.0
-                metrics["train/policy_version"] = float(self.policy_version)
-                if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
-                    t_e = time.perf_counter()
-                    self.last_eval = self._eval()
-                    metrics["time/eval_s"] = time.perf_counter() - t_e
-                metrics.update(self.last_eval)
-                metrics["time/step_s"] = time.perf_counter() - t_step
-                self.wall_s = time.perf_counter() - t_start
-                metrics["time/wall_s"] = self.wall_s
-                if self.tracker is not None:
-                    self.tracker.add_metrics(metrics, self.step)
-                    self._log_samples(update)
+                metrics = self.train_step().metrics
                 ckpt_path = None
                 if self.step % cfg.train.checkpoint_every == 0 or self.step == cfg.train.max_steps:
                     ckpt_path = self.save_checkpoint()

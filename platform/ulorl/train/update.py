@@ -16,12 +16,12 @@ from typing import Optional
 import torch
 
 from ulorl.algo import (
-    MASK_FNS,
+    MASK_MODES,
+    MaskInputs,
     dynamic_sampling_filter,
     group_advantages,
     logprobs_and_entropy,
     logprobs_from_logits,
-    mask_active_samples,
     mpt_mask,
     policy_loss,
     select_old_logprobs,
@@ -139,7 +139,7 @@ def policy_update(
     if n_tokens == 0:
         return UpdateResult(False, metrics, reason="no response tokens")
 
-    adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps)
+    adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps, unbiased=algo.adv_std == "unbiased")
 
     model.eval()
     stats_fn = dp.token_stats if dp is not None else current_token_stats  # sharded + all-reduced
@@ -149,10 +149,10 @@ def policy_update(
     sample_entropy = (ent * resp).sum(1) / resp.sum(1).clamp(min=1)
     batch_entropy = float((ent * resp).sum() / n_tokens)
     mpt = mpt_mask(cur_lp, batch.rewards, resp, algo.mpt.tau)
-    loss_mask = MASK_FNS[algo.mpt.mode](
-        cur_lp, batch.rewards, resp, ent, tau=algo.mpt.tau, sigma=algo.mpt.sigma, scope=algo.mpt.entropy_scope
-    )
-    active = mask_active_samples(algo.mpt.mode, ent, resp, sigma=algo.mpt.sigma, scope=algo.mpt.entropy_scope)
+    mask_in = MaskInputs(cur_lp, batch.rewards, resp, ent, tau=algo.mpt.tau, sigma=algo.mpt.sigma,
+                         scope=algo.mpt.entropy_scope)
+    loss_mask = MASK_MODES[algo.mpt.mode].mask(mask_in)
+    active = MASK_MODES[algo.mpt.mode].active(mask_in)
 
     metrics.update(
         {
@@ -196,6 +196,8 @@ def policy_update(
                 eps_low=algo.eps_low,
                 eps_high=algo.eps_high,
                 num_tokens=mb_tokens,
+                loss_agg=algo.loss_agg,
+                num_seqs=len(mb_rows),
             )
             if not (dp.all_finite(loss) if dp is not None else torch.isfinite(loss)):
                 backend.zero_grad()

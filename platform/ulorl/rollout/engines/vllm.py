@@ -56,6 +56,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ulorl.rollout.engines.stop_ids import stop_token_ids
 from ulorl.rollout.engines.vllm_ext import (
     LOGITS_PROCESSORS,
     LOGPROBS_MODE,
@@ -325,15 +326,16 @@ class VLLMEngine:
         """Engine for a ``RolloutConfig`` (what ``make_engine`` should call for ``engine: vllm``).
 
         ``max_model_len`` = ``max_prompt_len`` + ``rollout_cfg.max_response_len``, capped by the
-        model's ``max_position_embeddings``. EOS from the tokenizer, else the model config.
+        model's ``max_position_embeddings``. Stops on ``stop_token_ids`` (tokenizer EOS + generation config).
         ``dtype`` None: the in-memory model's parameter dtype (vLLM's "auto" would run a float32
         checkpoint in half precision), "auto" for a path. ``seed`` and the ``vllm_*`` knobs
         come from the config; ``kwargs`` go to the constructor.
         """
         config = getattr(model, "config", None)
-        eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-        if eos is None and config is not None:
-            eos = getattr(config, "eos_token_id", None)
+        try:
+            eos: Optional[list[int]] = stop_token_ids(model, tokenizer)  # tokenizer EOS + generation-config end ids
+        except ValueError:  # a model path without a tokenizer: the constructor reads config.json
+            eos = None
         if dtype is None:
             params = getattr(model, "parameters", None)
             first = next(iter(params()), None) if callable(params) else None

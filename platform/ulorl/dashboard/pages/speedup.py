@@ -64,7 +64,7 @@ def render() -> None:
         st.caption(f"{setting.get('model')}, {setting.get('max_response_len')} token outputs. "
                    f"{paper_ref.CITATION}.")
     with st.expander("Per run"):
-        names = dict(zip(members["run_id"], members["run_name"]))
+        names = frames.labels_of(members)
         per_run = stats.assign(run=stats["run_id"].map(names))
         meta = members[["run_id", seg_col]].rename(columns={seg_col: "segments"})
         bat = frames.param_col("rollout.batching")

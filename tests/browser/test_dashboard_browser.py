@@ -155,7 +155,8 @@ X_LABELS = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChar
             "?.querySelectorAll('.role-axis-label text') || []).map(t => t.textContent)")
 LINES = ("document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')[0]"
          "?.querySelectorAll('.mark-line path').length || 0")
-SELECT = "document.querySelector('[data-testid=\"stSelectbox\"] [data-baseweb=\"select\"]')?.textContent || ''"
+SELECT = ("(() => { const e = document.querySelector('[data-testid=\"stSelectbox\"]'); if (!e) return '';"
+          " return e.textContent + ' ' + Array.from(e.querySelectorAll('input')).map(i => i.value).join(' '); })()")
 
 
 def _curves(browser: Browser, store: dict) -> dict:

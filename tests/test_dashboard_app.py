@@ -179,6 +179,14 @@ def test_curves_controls(monkeypatch, written):
 def test_speedup_table_is_relative_to_s1(monkeypatch, written):
     at = open_app(monkeypatch, written["uri"], "speedup")
     assert at.selectbox(key="speedup_group").value == "segments"
+    assert at.radio(key="speedup_window").value == "steady"
+    # steady window = steps > S: S=1 compact keeps steps 2, 3 -> times [2, 4], median 3; S=2 step 3 -> 1.0;
+    # S=4 (3 steps) has none and is named in a warning
+    t = frame(at, "batching", "step_speedup").set_index(["batching", "segments"])
+    assert t.loc[("compact", 1), "median_step_s"] == 3.0 and t.loc[("compact", 2), "step_speedup"] == 3.0
+    assert ("compact", 4) not in t.index and any("no step in the window" in w.value for w in at.warning)
+    assert any("Window: steady state" in c.value for c in at.caption)
+    at.radio(key="speedup_window").set_value("all").run()
     t = frame(at, "batching", "step_speedup").set_index(["batching", "segments"])
     assert t.loc[("compact", 2), "step_speedup"] == 2.0
     assert t.loc[("compact", 4), "throughput_x"] == 4.0

@@ -213,3 +213,14 @@ def test_paired_deltas_against_the_baseline():
     assert out.loc["a", "diff"] == pytest.approx(0.25)                         # (0.5 + 0) / 2
     assert 0.0 <= out.loc["a", "diff_low"] <= 0.25 <= out.loc["a", "diff_high"] <= 0.5
     assert pd.isna(out.loc["b", "diff"])
+
+
+def test_rollout_stats_steady_window_skips_the_first_s_steps():
+    rows = [{"run_id": "a", "metric": m, "step": st, "value": v, "timestamp": 0}
+            for m, vals in (("time/step_s", [0.1, 0.1, 1.0, 3.0]), ("rollout/finished", [0, 0, 4, 8]),
+                            ("train/samples", [0, 2, 6, 10])) for st, v in enumerate(vals, 1)]
+    steady = frames.rollout_stats(pd.DataFrame(rows), {"a": 2}).iloc[0]
+    assert steady["steps"] == 2 and steady["first_step"] == 3 and steady["median_step_s"] == 2.0
+    assert steady["finished_per_s"] == 12 / 4.0 and steady["trained_per_s"] == 16 / 4.0
+    everything = frames.rollout_stats(pd.DataFrame(rows)).iloc[0]
+    assert everything["steps"] == 4 and everything["trained_per_s"] == 18 / 4.2

@@ -251,28 +251,36 @@ def sweep_groups(train: pd.DataFrame) -> pd.Series:
     return sweep.where(sweep.notna() & (sweep.astype("string") != ""), fallback)
 
 
-def rollout_stats(hist: pd.DataFrame) -> pd.DataFrame:
-    """Per-run rollout timing from ``time/step_s`` and ``rollout/finished`` histories.
+def rollout_stats(hist: pd.DataFrame, skip: Optional[dict[str, int]] = None) -> pd.DataFrame:
+    """Per-run rollout timing from ``time/step_s``, ``rollout/finished`` and ``train/samples`` histories.
 
-    Returns run_id, steps, median_step_s, total_s, finished, finished_per_s
-    (= finished samples summed over steps / step seconds summed over steps).
+    ``skip``: run_id -> number of leading steps to leave out (the Speedup page passes each run's
+    segment count S: the pools reach steady state only after S steps). Returns run_id, steps (in
+    the window), first_step, median_step_s, total_s, finished, finished_per_s (= finished samples
+    summed / step seconds summed) and trained_per_s (= train/samples summed / step seconds summed;
+    NaN without train/samples). A run with no step in its window has steps 0 and NaN values.
     """
-    cols = ["run_id", "steps", "median_step_s", "total_s", "finished", "finished_per_s"]
+    cols = ["run_id", "steps", "first_step", "median_step_s", "total_s", "finished", "finished_per_s", "trained_per_s"]
     if hist.empty:
         return pd.DataFrame(columns=cols)
     rows = []
     for run_id, h in hist.groupby("run_id", sort=False):
+        h = h[h["step"] > (skip or {}).get(run_id, 0)]
         t = h[h["metric"] == "time/step_s"].drop_duplicates("step", keep="last")
         f = h[h["metric"] == "rollout/finished"].drop_duplicates("step", keep="last")
+        n = h[h["metric"] == "train/samples"].drop_duplicates("step", keep="last")
         total = float(t["value"].sum()) if len(t) else np.nan
         finished = float(f["value"].sum()) if len(f) else np.nan
+        trained = float(n["value"].sum()) if len(n) else np.nan
         rows.append({
             "run_id": run_id,
             "steps": int(t["step"].nunique()) if len(t) else 0,
+            "first_step": int(t["step"].min()) if len(t) else np.nan,
             "median_step_s": float(t["value"].median()) if len(t) else np.nan,
             "total_s": total,
             "finished": finished,
             "finished_per_s": finished / total if total and total > 0 else np.nan,
+            "trained_per_s": trained / total if total and total > 0 else np.nan,
         })
     return pd.DataFrame(rows, columns=cols)
 
@@ -285,7 +293,8 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     step_speedup (= median_step_s at S=1 / median_step_s), throughput_x (= finished_per_s /
     finished_per_s at S=1); the relative columns are NaN when the batching has no S = 1 run.
     """
-    cols = ["batching", "segments", "runs", "median_step_s", "finished_per_s", "step_speedup", "throughput_x"]
+    cols = ["batching", "segments", "runs", "median_step_s", "finished_per_s", "trained_per_s", "step_speedup",
+            "throughput_x"]
     if stats.empty:
         return pd.DataFrame(columns=cols)
     seg_col, bat_col = param_col("rollout.segments"), param_col("rollout.batching")
@@ -294,12 +303,15 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         "segments": pd.to_numeric(runs[seg_col], errors="coerce") if seg_col in runs else np.nan,
         "batching": runs[bat_col].fillna("(unset)") if bat_col in runs else "(unset)",
     })
+    if "trained_per_s" not in stats:
+        stats = stats.assign(trained_per_s=np.nan)
     df = stats.merge(meta, on="run_id", how="inner").dropna(subset=["segments", "median_step_s"])
     if df.empty:
         return pd.DataFrame(columns=cols)
     df["segments"] = df["segments"].astype(int)
     agg = df.groupby(["batching", "segments"], sort=True).agg(
         runs=("run_id", "size"), median_step_s=("median_step_s", "mean"), finished_per_s=("finished_per_s", "mean"),
+        trained_per_s=("trained_per_s", "mean"),
     ).reset_index()
     base = agg[agg["segments"] == 1].set_index("batching")
     agg["step_speedup"] = agg["batching"].map(base["median_step_s"]) / agg["median_step_s"]

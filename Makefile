@@ -5,19 +5,37 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# An external data folder for aime2025.jsonl (not packaged); used only when it exists.
 DATA_DIR ?= $(abspath ../shared/data)
 PYTEST_ARGS ?=
+# CPU torch on any machine: torch comes from TORCH_INDEX_URL first (PyTorch's CPU wheel index);
+# when that index is unreachable (a mirror with only PyPI), pip falls back to the default index.
+# Then a constraints file pins the installed torch so `pip install -e .` never swaps it for a CUDA
+# build. TORCH_INDEX_URL= (empty) skips the CPU index.
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+TORCH_CONSTRAINTS := $(VENV)/torch-constraints.txt
+# Tests that need no root: make test BROWSER=0 (skips the apt install and the Chromium test).
+BROWSER ?= 1
 
 .PHONY: setup quickstart test test-slow test-vllm setup-vllm setup-browser clean
 
 setup: $(VENV)/.ulorl-installed
 
-# torch==2.13.0 first: a bare torch requirement can resolve to a multi-GB CUDA build (STACK.md).
+# torch first: a bare torch requirement can resolve to a multi-GB CUDA build (platform/ulorl/docs/STACK.md).
 $(VENV)/.ulorl-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]"
+	@if [ -n "$(TORCH_INDEX_URL)" ] && $(BIN)/pip install -q --timeout 20 --retries 1 \
+	    --index-url "$(TORCH_INDEX_URL)" "torch==$(TORCH_VERSION)"; then \
+	  echo "torch $(TORCH_VERSION) from $(TORCH_INDEX_URL)"; \
+	else \
+	  echo "torch $(TORCH_VERSION) from the default index ($(if $(TORCH_INDEX_URL),$(TORCH_INDEX_URL) unreachable,TORCH_INDEX_URL empty))"; \
+	  $(BIN)/pip install -q "torch==$(TORCH_VERSION)"; \
+	fi
+	$(BIN)/python -c "import torch; print('torch==' + torch.__version__)" > $(TORCH_CONSTRAINTS)
+	@$(BIN)/python -c "import torch, sys; c = torch.version.cuda; print('torch', torch.__version__, 'CUDA ' + c if c else 'CPU build'); sys.exit(0)"
+	$(BIN)/pip install -q -c $(TORCH_CONSTRAINTS) -e ".[dev]"
 	@touch $@
 
 quickstart: setup
@@ -29,18 +47,22 @@ setup-browser:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
-test: setup setup-browser
-	ULORL_DATA_DIR="$${ULORL_DATA_DIR:-$(DATA_DIR)}" $(BIN)/pytest -q --ignore=tests/vllm $(PYTEST_ARGS)
+# ULORL_DATA_DIR: the caller's, else DATA_DIR when that folder exists, else unset (packaged data only).
+DATA_ENV = ULORL_DATA_DIR="$${ULORL_DATA_DIR:-$(if $(wildcard $(DATA_DIR)),$(DATA_DIR),)}"
+NO_BROWSER_ARGS = $(if $(filter 0,$(BROWSER)),--ignore=tests/browser,)
 
-test-slow: setup setup-browser
-	ULORL_DATA_DIR="$${ULORL_DATA_DIR:-$(DATA_DIR)}" $(BIN)/pytest -q --ignore=tests/vllm -m slow $(PYTEST_ARGS)
+test: setup $(if $(filter 0,$(BROWSER)),,setup-browser)
+	$(DATA_ENV) $(BIN)/pytest -q --ignore=tests/vllm $(NO_BROWSER_ARGS) $(PYTEST_ARGS)
+
+test-slow: setup $(if $(filter 0,$(BROWSER)),,setup-browser)
+	$(DATA_ENV) $(BIN)/pytest -q --ignore=tests/vllm $(NO_BROWSER_ARGS) -m slow $(PYTEST_ARGS)
 
 # vLLM's CPU build lives in its own venv (it pins transformers<5.20 and torch 2.13.0+cpu).
 setup-vllm: setup
 	$(BIN)/python -m ulorl.scale.vllm_env --venv $(VENV)-vllm --repo .
 
 test-vllm: setup-vllm
-	ULORL_DATA_DIR="$${ULORL_DATA_DIR:-$(DATA_DIR)}" $(VENV)-vllm/bin/pytest -q tests/vllm $(PYTEST_ARGS)
+	$(DATA_ENV) $(VENV)-vllm/bin/pytest -q tests/vllm $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VENV)-vllm mlflow.db mlflow-artifacts runs
+	rm -rf $(VENV) $(VENV)-vllm mlflow.db mlflow-artifacts runs mlflow-server.log

@@ -4,7 +4,10 @@
   ``ulorl.tracking.schema`` exactly, with hand-chosen values so that tests can derive the expected
   tables by hand (speedup, benchmark deltas, samples).
 - ``build_real_store``: REAL short runs: two tiny ``ulorl.train.trainer.train`` runs (3 steps,
-  different ``algo.mpt.mode``) and one ``ulorl-eval`` run of the first run's checkpoint.
+  different ``algo.mpt.mode``) that share the run name ``quickstart`` (runs are identities, names
+  are labels), one ``ulorl-eval`` run of the first run's checkpoint, and two sweep parent runs of
+  ONE sweep name (``mpt_threshold``, as two runs of ``ulorl-sweep`` write them, each with its own
+  Optuna study) whose trial runs are all named ``quickstart`` too (``add_shared_name_sweeps``).
 """
 
 from __future__ import annotations
@@ -89,11 +92,11 @@ def _train_params(segments: int, batching: str, mode: str = "dynamic", sigma: fl
 
 
 def _log_run(client: MlflowClient, exp_id: str, name: str, tags: dict[str, str], params: dict[str, str],
-             metrics: list[Metric], status: str = "FINISHED") -> str:
-    run = client.create_run(exp_id, run_name=name, tags=tags, start_time=1_700_000_000_000)
+             metrics: list[Metric], status: str = "FINISHED", start_time: int = 1_700_000_000_000) -> str:
+    run = client.create_run(exp_id, run_name=name, tags=tags, start_time=start_time)
     rid = run.info.run_id
     client.log_batch(rid, metrics=metrics, params=[Param(k, v) for k, v in params.items()])
-    client.set_terminated(rid, status=status, end_time=1_700_000_010_000)
+    client.set_terminated(rid, status=status, end_time=start_time + 10_000)
     return rid
 
 
@@ -186,7 +189,6 @@ def tiny_overrides(mode: str, segments: int, root: Path) -> list[str]:
         "rollout.max_response_len=128", "rollout.prompts_per_step=4", "rollout.group_size=4",
         "tracking.sample_every=1", "tracking.samples_per_log=8", "eval.every=3", "eval.num_problems=4",
         "eval.k=2", "train.checkpoint_every=3", "train.threads=1", f"train.output_dir={root / 'runs'}",
-        f"tracking.run_name=quick-{mode}-S{segments}",
     ]
 
 
@@ -213,6 +215,78 @@ def build_real_store(root: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     assert proc.returncode == 0, f"ulorl-eval failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
     result = json.loads(proc.stdout)
     out["eval"] = result.get("run_id")
+    out.update(add_shared_name_sweeps(uri, root))
+    return out
+
+
+# Two runs of the sweep ``mpt_threshold``: (tau, sigma, held-out accuracy per problem at the last
+# eval) of each search trial, and the baseline's. Objectives tie on purpose (0.5 twice in sweep A).
+SHARED_SWEEPS: dict[str, dict[str, Any]] = {
+    "A": {"trials": [(0.9, 0.05, [1.0, 0.5, 0.5, 0.0]), (0.95, 0.10, [0.5, 0.5, 1.0, 0.0]),
+                     (0.99, 0.12, [0.5, 0.5, 0.5, 0.5])],
+          "baseline": [0.5, 0.0, 0.5, 0.0], "start": 1_700_000_000_000},
+    "B": {"trials": [(0.9, 0.08, [1.0, 1.0, 0.5, 0.5]), (0.99, 0.04, [0.0, 0.5, 0.5, 0.0]),
+                     (0.95, 0.14, [1.0, 0.5, 0.5, 1.0])],
+          "baseline": [0.5, 0.5, 0.5, 0.0], "start": 1_700_000_100_000},
+}
+SHARED_NAME = "quickstart"
+
+
+def _per_problem_csv(scores: list[float], k: int = 2) -> str:
+    rows = ["problem_id,answer,k,num_correct,accuracy"]
+    rows += [f"heldout-{i},{i},{k},{int(round(s * k))},{s}" for i, s in enumerate(scores)]
+    return "\n".join(rows) + "\n"
+
+
+def add_shared_name_sweeps(uri: str, root: Path) -> dict[str, Any]:
+    """Two parent runs named ``sweep-mpt_threshold`` (tag ulorl.sweep=mpt_threshold), each with its
+    own sweep dir and Optuna study, and trial runs all named ``quickstart``: 3 search trials and a
+    baseline (tag ulorl.trial_role=baseline) per sweep, each with held-out metrics at steps 0 / 10 /
+    20, curves, and the per-problem CSV of its last eval. Returns ids by role."""
+    import optuna
+
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = get_or_create_experiment(client, EXPERIMENT, uri)
+    out: dict[str, Any] = {}
+    for key, sweep in SHARED_SWEEPS.items():
+        t0 = sweep["start"]
+        sweep_dir = root / f"sweep_{key}"
+        parent = client.create_run(exp_id, run_name="sweep-mpt_threshold", start_time=t0, tags={
+            schema.KIND_TAG: "sweep", schema.SWEEP_TAG: "mpt_threshold", "ulorl.sweep_dir": str(sweep_dir)})
+        pid = parent.info.run_id
+        client.log_batch(pid, params=[Param("space.algo.mpt.tau", '{"choice": [0.9, 0.95, 0.99]}'),
+                                      Param("space.algo.mpt.sigma", '{"uniform": [0.03, 0.15]}'),
+                                      Param("sweep.metric", "eval/heldout/avg_at_k"), Param("sweep.mode", "max")])
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        study = optuna.create_study(study_name="mpt_threshold", storage=f"sqlite:///{sweep_dir / 'optuna.db'}",
+                                    direction="maximize")
+        dists = {"algo.mpt.tau": optuna.distributions.CategoricalDistribution([0.9, 0.95, 0.99]),
+                 "algo.mpt.sigma": optuna.distributions.FloatDistribution(0.03, 0.15)}
+        kids = []
+        entries = [(tau, sigma, scores, "search") for tau, sigma, scores in sweep["trials"]]
+        entries.append((0.99, 0.08, sweep["baseline"], "baseline"))
+        for i, (tau, sigma, scores, role) in enumerate(entries):
+            final = sum(scores) / len(scores)
+            if role == "search":
+                study.add_trial(optuna.trial.create_trial(params={"algo.mpt.tau": tau, "algo.mpt.sigma": sigma},
+                                                          distributions=dists, value=final))
+            heldout = schema.eval_metric("heldout", "avg_at_k")
+            metrics = _metrics({"train/entropy": [0.08 - 0.01 * i, 0.07 - 0.01 * i, 0.06 - 0.005 * i],
+                                "time/step_s": [1.0 + 0.1 * i] * 3, "rollout/finished": [8.0, 8.0, 8.0]}, t0)
+            metrics += [Metric(heldout, v, t0 + 500 * (s + 1), s) for s, v in ((0, 0.25), (10, 0.3 + 0.02 * i), (20, final))]
+            metrics += [Metric(schema.eval_metric("heldout", n), v, t0 + 20_000, 20)
+                        for n, v in (("ci_low", max(0.0, final - 0.2)), ("ci_high", min(1.0, final + 0.2)))]
+            params = _train_params(4, "compact", "dynamic" if role == "search" else "off", sigma)
+            params["algo.mpt.tau"] = str(tau)
+            tags = {schema.KIND_TAG: "train", schema.EXPERIMENT_TAG: "quickstart", schema.PARENT_TAG: pid,
+                    schema.TRIAL_TAG: f"{key.lower()}{i}", schema.ROLE_TAG: role, schema.SEED_TAG: "0"}
+            rid = _log_run(client, exp_id, SHARED_NAME, tags, params, metrics, start_time=t0 + 1000 * i)
+            client.log_text(rid, _per_problem_csv(scores), "eval/heldout_per_problem_step_000020.csv")
+            kids.append(rid)
+        client.set_terminated(pid, "FINISHED", end_time=t0 + 60_000)
+        out[f"sweep_{key}"] = pid
+        out[f"sweep_{key}_trials"] = kids
     return out
 
 

@@ -24,9 +24,9 @@ from ulorl.data.clean import (
     read_rows,
     sub_questions,
 )
-from ulorl.data.jsonl import DataError
+from ulorl.data.jsonl import PACKAGED_DIR, DataError
 
-DATA_DIR = Path(os.environ.get("ULORL_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
+DATA_DIR = PACKAGED_DIR  # the 2,000-row sample ships with the package (its README: origin, licence)
 
 
 @pytest.mark.parametrize(
@@ -143,7 +143,7 @@ def test_read_rows_rejects_broken_json(tmp_path):
 
 
 def test_math_train_sample_counts():
-    """Measured on the shared 2,000-row sample (fixed file, sha256 in its README)."""
+    """Measured on the packaged 2,000-row sample (fixed file, sha256 in its README)."""
     rows = read_rows(DATA_DIR / "math_train_sample.jsonl")
     report = CleanReport(rows_in=len(rows))
     kept = apply_rule_filters(rows, report)

@@ -179,6 +179,14 @@ def test_curves_controls(monkeypatch, written):
 def test_speedup_table_is_relative_to_s1(monkeypatch, written):
     at = open_app(monkeypatch, written["uri"], "speedup")
     assert at.selectbox(key="speedup_group").value == "segments"
+    assert at.radio(key="speedup_window").value == "steady"
+    # steady window = steps > S: S=1 compact keeps steps 2, 3 -> times [2, 4], median 3; S=2 step 3 -> 1.0;
+    # S=4 (3 steps) has none and is named in a warning
+    t = frame(at, "batching", "step_speedup").set_index(["batching", "segments"])
+    assert t.loc[("compact", 1), "median_step_s"] == 3.0 and t.loc[("compact", 2), "step_speedup"] == 3.0
+    assert ("compact", 4) not in t.index and any("no step in the window" in w.value for w in at.warning)
+    assert any("Window: steady state" in c.value for c in at.caption)
+    at.radio(key="speedup_window").set_value("all").run()
     t = frame(at, "batching", "step_speedup").set_index(["batching", "segments"])
     assert t.loc[("compact", 2), "step_speedup"] == 2.0
     assert t.loc[("compact", 4), "throughput_x"] == 4.0
@@ -199,17 +207,20 @@ def test_benchmarks_deltas_against_baseline(monkeypatch, written):
 
 def test_sweep_page_importance_and_history(monkeypatch, written):
     at = open_app(monkeypatch, written["uri"], "sweep")
-    assert at.selectbox(key="sweep_group").value == "segments"
+    assert at.selectbox(key="sweep_group").value == written["sweep"]
     imp = frame(at, "param", "spearman").set_index("param")
     # objective = best heldout avg@k: S1 .30/.25, S2 .35, S4 .45/.40 -> rho(segments) by hand:
     # ranks segments [1.5, 3, 4.5, 1.5, 4.5], objective [2, 3, 5, 1, 4]: centred products sum
     # to 9, squares to 9 and 10 -> 9 / sqrt(90)
     assert imp.loc["rollout.segments", "spearman"] == pytest.approx(9 / 90 ** 0.5)
-    # parallel coordinates, Spearman importance, Optuna importance (study found via the parent), history
-    assert len(charts(at)) == 4
-    assert at.text_input(key="sweep_optuna_storage_segments").value.endswith("/sweep/optuna.db")
-    assert at.multiselect(key="sweep_params_segments").value == ["rollout.segments", "rollout.batching"]
-    assert at.selectbox(key="sweep_objective_segments").value == "metrics.eval/heldout/avg_at_k"
+    # 5 finished trials < 8: importance numbers in tables only, no bars; charts: parallel + history
+    assert len(charts(at)) == 2
+    assert any("Importance bars are hidden: 5 finished search trial(s)" in i.value for i in at.info)
+    optuna_imp = frame(at, "param", "importance")                      # the parent's own study was read
+    assert set(optuna_imp["param"]) == {"rollout.segments", "rollout.batching"}
+    assert at.text_input(key=f"sweep_optuna_storage_{written['sweep']}").value.endswith("/sweep/optuna.db")
+    assert at.multiselect(key=f"sweep_params_{written['sweep']}").value == ["rollout.segments", "rollout.batching"]
+    assert at.selectbox(key=f"sweep_objective_{written['sweep']}").value == "metrics.eval/heldout/avg_at_k"
 
 
 def test_detail_page_follows_run_query_param(monkeypatch, written):
@@ -253,7 +264,7 @@ def test_every_page_renders_with_real_runs(monkeypatch, real, page):
     assert_clean(at, page)
     if page == "runs":
         kinds = at.dataframe[0].value["kind"].value_counts().to_dict()
-        assert kinds.get("train") == 2 and kinds.get("eval", 0) >= 1
+        assert kinds.get("train") == 2 + 8 and kinds.get("eval", 0) >= 1 and kinds.get("sweep") == 2
     elif page in ("curves", "speedup", "benchmarks"):
         assert charts(at), f"no chart on {page}"
 
@@ -264,7 +275,8 @@ def test_real_runs_filters_and_samples(monkeypatch, real):
     at.selectbox(key="runs_f_param").set_value("algo.mpt.mode").run()
     at.multiselect(key="runs_f_param_values").set_value(["off"]).run()
     rows = at.dataframe[0].value
-    assert len(rows) == 1 < n and list(rows["mask_mode"]) == ["off"]
+    # the real masking-off run and the two written sweep baselines (masking off)
+    assert len(rows) == 3 < n and set(rows["mask_mode"]) == {"off"} and real["train_off"] in set(rows["run_id"])
     go(at, "detail")
     at.selectbox(key="detail_run").set_value(real["train_dynamic"]).run()
     assert not at.exception
@@ -278,3 +290,65 @@ def test_real_runs_filters_and_samples(monkeypatch, real):
     data = frame(at, "run_id", "raw", "value")
     assert isinstance(data, pd.DataFrame) and set(data["run_id"]) == {real["train_dynamic"], real["train_off"]}
 
+
+
+# ----------------------------------------------------------------------------- shared names
+
+
+def _shared(real: dict) -> list[str]:
+    """Every training run of the real store: all named ``quickstart``."""
+    return [real["train_dynamic"], real["train_off"]] + real["sweep_A_trials"] + real["sweep_B_trials"]
+
+
+def test_runs_with_one_name_stay_apart_on_curves(monkeypatch, real):
+    names = {r.info.run_name for r in MlflowClient(tracking_uri=real["uri"]).search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri=real["uri"]).search_experiments()],
+        filter_string="tags.`ulorl.kind` = 'train'")}
+    assert names == {"quickstart"}, names                                   # the store really shares names
+    at = open_app(monkeypatch, real["uri"], "curves")
+    chosen = _shared(real)
+    at.multiselect(key="_select_curves").set_value(chosen).run()
+    data = frame(at, "run_id", "raw", "value")
+    labels = data.groupby("run_id")["run"].unique()
+    assert set(labels.index) == set(chosen)                                 # one series per run id
+    assert all(len(v) == 1 for v in labels) and len({v[0] for v in labels}) == len(chosen)  # distinct labels
+    assert all(v[0].startswith("quickstart (") for v in labels)
+    runs_table = open_app(monkeypatch, real["uri"]).dataframe[0].value
+    train_labels = runs_table.loc[runs_table["kind"] == "train", "run"]
+    assert train_labels.is_unique and len(train_labels) == 10
+
+
+def test_benchmarks_one_bar_per_run_and_paired_difference(monkeypatch, real):
+    at = open_app(monkeypatch, real["uri"], "benchmarks")
+    kids = real["sweep_B_trials"]
+    at.multiselect(key="_select_benchmarks").set_value(kids).run()
+    # the sweep's baseline (tag ulorl.trial_role=baseline) is the default baseline
+    assert at.selectbox(key="bench_baseline").value == kids[-1]
+    t = frame(at, "label", "diff")
+    assert t["label"].is_unique and len(t) == 4                             # one row (bar) per run
+    by_label = t.set_index("label")
+    # sweep B trial 0 [1, 1, .5, .5] vs baseline [.5, .5, .5, 0]: per-problem differences
+    # [.5, .5, 0, .5] -> mean 37.5 % points; resamples of them lie in [0, 50]
+    first = by_label.loc[f"quickstart ({kids[0][:8]})"]
+    assert first["diff"] == pytest.approx(37.5) and 0.0 <= first["diff_low"] <= 37.5 <= first["diff_high"] <= 50.0
+    assert first["paired_problems"] == 4
+    assert pd.isna(by_label.loc[f"quickstart ({kids[-1][:8]})", "diff"])    # the baseline itself
+    assert len(charts(at)) == 2                                             # bars + difference chart
+
+
+def test_sweep_page_separates_runs_of_one_sweep_name(monkeypatch, real):
+    at = open_app(monkeypatch, real["uri"], "sweep")
+    box = at.selectbox(key="sweep_group")
+    assert box.value == real["sweep_B"]                                    # newest parent first
+    assert real["sweep_A"] in box.options or any(real["sweep_A"][:8] in o for o in box.options)
+    trials = frame(at, "run", "run_id", "status")
+    assert set(trials["run_id"]) == set(real["sweep_B_trials"])            # this sweep's 4 trials only
+    assert trials["run"].is_unique
+    study = frame(at, "param", "importance")                                # parent B's own Optuna study
+    assert set(study["param"]) == {"algo.mpt.tau", "algo.mpt.sigma"}
+    assert any("from this sweep run's study: 3 trials, best 0.75" in c.value for c in at.caption)
+    assert any("Importance bars are hidden: 3 finished search trial(s)" in i.value for i in at.info)
+    at.selectbox(key="sweep_group").set_value(real["sweep_A"]).run()
+    assert not at.exception
+    assert set(frame(at, "run", "run_id", "status")["run_id"]) == set(real["sweep_A_trials"])
+    assert any("from this sweep run's study: 3 trials, best 0.5" in c.value for c in at.caption)

@@ -33,7 +33,7 @@ def test_other_charts_validate():
     bench = pd.DataFrame({"label": ["a"], "bench": ["aime2025"], "avg_at_k": [40.0], "pass_at_k": [60.0],
                           "ci_low": [30.0], "ci_high": [50.0], "k": [4]})
     assert len(_spec(charts.benchmark_chart(bench))["layer"]) == 2
-    trials = pd.DataFrame({"run_name": ["r1", "r2", "r3"], "params.n": ["1", "2", "3"], "metrics.o": [0.1, 0.3, 0.2],
+    trials = pd.DataFrame({"run_id": ["i1", "i2", "i3"], "run_name": ["r1", "r2", "r3"], "params.n": ["1", "2", "3"], "metrics.o": [0.1, 0.3, 0.2],
                            "start_time": pd.to_datetime([1, 2, 3], unit="s")})
     _spec(charts.parallel_chart(frames.parallel_frame(trials, ["n"], "metrics.o"), "o"))
     _spec(charts.importance_chart(frames.param_importance(trials, ["n"], "metrics.o")))

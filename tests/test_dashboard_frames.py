@@ -141,7 +141,7 @@ def test_param_importance_sorted_by_abs_rho():
 
 
 def test_optimization_history_best_so_far():
-    trials = pd.DataFrame({"run_name": ["x", "y", "z"], "obj": [0.3, 0.2, 0.5],
+    trials = pd.DataFrame({"run_id": ["i1", "i2", "i3"], "run_name": ["x", "y", "z"], "obj": [0.3, 0.2, 0.5],
                            "start_time": pd.to_datetime([1, 2, 3], unit="s")})
     h = frames.optimization_history(trials, "obj", "max")
     assert list(h["trial"]) == [1, 2, 3] and list(h["best"]) == [0.3, 0.3, 0.5]
@@ -149,7 +149,7 @@ def test_optimization_history_best_so_far():
 
 
 def test_parallel_frame_scales_axes_to_unit_interval():
-    trials = pd.DataFrame({"run_name": ["r1", "r2", "r3"], "params.n": ["1", "2", "3"], "params.c": ["b", "a", "b"],
+    trials = pd.DataFrame({"run_id": ["i1", "i2", "i3"], "run_name": ["r1", "r2", "r3"], "params.n": ["1", "2", "3"], "params.c": ["b", "a", "b"],
                            "params.k": ["5", "5", "5"], "metrics.obj": [0.0, 1.0, 0.5]})
     long = frames.parallel_frame(trials, ["n", "c", "k"], "metrics.obj")
     by = {a: list(g.sort_values("run")["norm"]) for a, g in long.groupby("axis")}
@@ -180,3 +180,47 @@ def test_filter_runs_and_runs_table():
     assert table.loc[0, "final reward_mean"] == 0.5
     assert table.columns[-1] == "run_id"
     assert frames.varying_params(runs) == ["rollout.segments", "algo.mpt.mode"]
+
+
+def test_runs_sharing_a_name_get_distinct_labels_everywhere():
+    """Runs are identities, names are labels: same-named runs never share a series, bar or path."""
+    from ulorl.dashboard.store import unique_labels
+
+    assert unique_labels(["aaaaaaaa11", "bbbbbbbb22", "cccccccc33"], ["q", "q", "solo"]) == \
+        ["q (aaaaaaaa)", "q (bbbbbbbb)", "solo"]
+    assert unique_labels(["abcdefgh1", "abcdefgh2"], ["q", "q"]) == ["q (abcdefgh1)", "q (abcdefgh2)"]
+    runs = pd.DataFrame({"run_id": ["r1", "r2"], "run_name": ["quickstart", "quickstart"], "kind": ["train"] * 2,
+                         "start_time": pd.to_datetime([1, 2], unit="s"),
+                         "metrics.eval/heldout/avg_at_k": [0.5, 0.5], "params.algo.mpt.tau": ["0.9", "0.9"]})
+    hist = pd.DataFrame({"run_id": ["r1", "r1", "r2", "r2"], "step": [1, 2, 1, 2], "value": [1.0, 2.0, 3.0, 4.0],
+                         "timestamp": [1, 2, 1, 2]})
+    curves = frames.curve_frame(hist, runs)
+    assert curves.groupby("run")["run_id"].nunique().max() == 1 and curves["run"].nunique() == 2
+    bench = frames.benchmark_table(runs)
+    assert bench["label"].is_unique and len(bench) == 2
+    long = frames.parallel_frame(runs, ["algo.mpt.tau"], "metrics.eval/heldout/avg_at_k")
+    assert long["run_id"].nunique() == 2 and long["run"].nunique() == 2      # tied trials stay two paths
+    assert frames.optimization_history(runs, "metrics.eval/heldout/avg_at_k")["run"].is_unique
+
+
+def test_paired_deltas_against_the_baseline():
+    table = pd.DataFrame({"run_id": ["a", "b"], "label": ["a", "b"], "bench": ["heldout"] * 2,
+                          "avg_at_k": [0.75, 0.5]})
+    scores = {("a", "heldout"): {"p1": 1.0, "p2": 0.5, "p3": 0.0},
+              ("b", "heldout"): {"p1": 0.5, "p2": 0.5, "p4": 1.0}}
+    out = frames.paired_deltas(table, "b", scores).set_index("run_id")
+    assert out.loc["a", "paired_problems"] == 2                               # p1, p2 only
+    assert out.loc["a", "diff"] == pytest.approx(0.25)                         # (0.5 + 0) / 2
+    assert 0.0 <= out.loc["a", "diff_low"] <= 0.25 <= out.loc["a", "diff_high"] <= 0.5
+    assert pd.isna(out.loc["b", "diff"])
+
+
+def test_rollout_stats_steady_window_skips_the_first_s_steps():
+    rows = [{"run_id": "a", "metric": m, "step": st, "value": v, "timestamp": 0}
+            for m, vals in (("time/step_s", [0.1, 0.1, 1.0, 3.0]), ("rollout/finished", [0, 0, 4, 8]),
+                            ("train/samples", [0, 2, 6, 10])) for st, v in enumerate(vals, 1)]
+    steady = frames.rollout_stats(pd.DataFrame(rows), {"a": 2}).iloc[0]
+    assert steady["steps"] == 2 and steady["first_step"] == 3 and steady["median_step_s"] == 2.0
+    assert steady["finished_per_s"] == 12 / 4.0 and steady["trained_per_s"] == 16 / 4.0
+    everything = frames.rollout_stats(pd.DataFrame(rows)).iloc[0]
+    assert everything["steps"] == 4 and everything["trained_per_s"] == 18 / 4.2

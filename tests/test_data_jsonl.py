@@ -9,21 +9,45 @@ from pathlib import Path
 import pytest
 from reward_fakes import CHAT_TEMPLATE, byte_tokenizer
 
-from ulorl.data.jsonl import DataError, load_jsonl_prompts, resolve_dataset
+from ulorl.data.jsonl import PACKAGED_DIR, DataError, load_jsonl_prompts, resolve_dataset
 from ulorl.data.prompts import INSTRUCTION, build_prompt
 from ulorl.data.types import PromptItem
 
-# ../shared/data sits beside every clone (README of that folder); a user may point elsewhere.
-DATA_DIR = Path(os.environ.get("ULORL_DATA_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data")
+# An external data folder (``$ULORL_DATA_DIR``, CI: ../shared/data) holds aime2025.jsonl, which is
+# not packaged (no licence upstream); beyondaime and math_train_sample ship in the package.
+DATA_DIR = Path(os.environ["ULORL_DATA_DIR"]) if os.environ.get("ULORL_DATA_DIR") else None
+
+
+def _folder_for(name: str) -> Path:
+    if (PACKAGED_DIR / f"{name}.jsonl").is_file():
+        return PACKAGED_DIR
+    if DATA_DIR is None or not (DATA_DIR / f"{name}.jsonl").is_file():
+        pytest.skip(f"{name}.jsonl is not packaged (no licence upstream); set ULORL_DATA_DIR to a folder holding it")
+    return DATA_DIR
+
+
+def test_packaged_files_match_their_readme():
+    """The packaged files are the ones whose sha256 the README beside them states."""
+    import hashlib
+
+    readme = (PACKAGED_DIR / "README.md").read_text()
+    for name in ("beyondaime", "math_train_sample"):
+        digest = hashlib.sha256((PACKAGED_DIR / f"{name}.jsonl").read_bytes()).hexdigest()
+        assert digest in readme, name
+    assert not (PACKAGED_DIR / "aime2025.jsonl").exists()
 
 
 @pytest.mark.parametrize("name, rows", [("aime2025", 30), ("beyondaime", 100), ("math_train_sample", 2000)])
-def test_shared_benchmarks(name, rows):
-    items = resolve_dataset(name, str(DATA_DIR))
+def test_shared_benchmarks(name, rows, monkeypatch):
+    folder = _folder_for(name)
+    if folder == PACKAGED_DIR:   # read by name with no data directory at all
+        monkeypatch.delenv("ULORL_DATA_DIR", raising=False)
+        assert resolve_dataset(name) == load_jsonl_prompts(PACKAGED_DIR / f"{name}.jsonl")
+    items = resolve_dataset(name, str(folder))
     assert len(items) == rows
     assert all(it.problem and it.answer and not it.prompt for it in items)
     assert len({it.id for it in items}) == rows
-    assert items == load_jsonl_prompts(DATA_DIR / f"{name}.jsonl")  # by path too
+    assert items == load_jsonl_prompts(folder / f"{name}.jsonl")  # by path too
     if name == "beyondaime":
         assert items[-1].answer == "33124147" and sum(int(it.answer) > 999 for it in items) == 44
     if name == "aime2025":
@@ -31,8 +55,13 @@ def test_shared_benchmarks(name, rows):
 
 
 def test_benchmark_from_env_and_missing_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv("ULORL_DATA_DIR", str(DATA_DIR))
-    assert len(resolve_dataset("aime2025")) == 30
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "aime2025.jsonl").write_text(GOOD + "\n")
+    (own / "beyondaime.jsonl").write_text(GOOD + "\n")
+    monkeypatch.setenv("ULORL_DATA_DIR", str(own))
+    assert len(resolve_dataset("aime2025")) == 1
+    assert len(resolve_dataset("beyondaime")) == 1          # a data folder wins over the packaged file
     monkeypatch.delenv("ULORL_DATA_DIR")
     with pytest.raises(DataError, match="ULORL_DATA_DIR"):
         resolve_dataset("aime2025")
@@ -43,7 +72,7 @@ def test_benchmark_from_env_and_missing_dir(monkeypatch, tmp_path):
 
 def test_unknown_missing_and_hf_specs(monkeypatch, tmp_path):
     with pytest.raises(DataError, match="unknown dataset 'aime2024'"):
-        resolve_dataset("aime2024", str(DATA_DIR))
+        resolve_dataset("aime2024", str(PACKAGED_DIR))
     for missing in (str(tmp_path / "nope.jsonl"), "nope.jsonl", str(tmp_path / "nope")):
         with pytest.raises(DataError, match="not found"):
             resolve_dataset(missing)

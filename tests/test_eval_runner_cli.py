@@ -17,7 +17,6 @@ from ulorl.report.tables import build_table2
 from ulorl.tracking import schema
 from ulorl.tracking.run import get_or_create_experiment
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +72,19 @@ def test_eval_checkpoint_of_a_run_nested_and_logged(tiny_dir: Path, tmp_path: Pa
     assert out["run_id"] in row[t2.columns.index("Held-out")].run_ids
 
 
-def test_eval_jsonl_benchmark_from_data_dir(tiny_dir: Path, tmp_path: Path, capsys) -> None:
-    out = _run_json(["--benchmark", "aime2025", "--data-dir", str(SHARED_DATA), "--k", "1", "--num-problems", "2",
+def test_eval_jsonl_benchmark_from_data_dir(tiny_dir: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A benchmark name read from --data-dir (a two-row folder written here), and the packaged
+    BeyondAIME when no data directory is given."""
+    (tmp_path / "aime2025.jsonl").write_text("".join(
+        json.dumps({"id": f"a{i}", "problem": f"What is {i}+{i}?", "answer": str(2 * i)}) + "\n" for i in range(3)))
+    out = _run_json(["--benchmark", "aime2025", "--data-dir", str(tmp_path), "--k", "1", "--num-problems", "2",
                      "--max-new-tokens", "4", "--model", str(tiny_dir), "--no-mlflow"], capsys)
     assert out["benchmark"] == "aime2025" and out["num_problems"] == 2 and out["run_id"] is None
     assert out["metrics"]["eval/aime2025/truncation_rate"] == 1.0  # 4 tokens never finish a solution
+    monkeypatch.delenv("ULORL_DATA_DIR", raising=False)
+    out = _run_json(["--benchmark", "beyondaime", "--k", "1", "--num-problems", "2",
+                     "--max-new-tokens", "4", "--model", str(tiny_dir), "--no-mlflow"], capsys)
+    assert out["benchmark"] == "beyondaime" and out["num_problems"] == 2
     assert out["avg_at_k"] == 0.0
 
 

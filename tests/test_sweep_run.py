@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = (ROOT / "experiments" / "quickstart.yaml").as_posix()
 
 
-def _sweep(tmp_path: Path, steps: int = 4) -> Path:
+def _sweep(tmp_path: Path, steps: int = 4, baseline: str = "") -> Path:
     p = tmp_path / "tiny_sweep.yaml"
     p.write_text(f"""name: tiny
 base: {QUICK}
@@ -40,7 +40,7 @@ max_concurrent: 1
 resources: {{cpu: 2}}
 stop: {{steps: {steps}}}
 max_failures: 2
-""")
+{baseline}""")
     return p
 
 
@@ -54,11 +54,25 @@ def test_failed_trial_resumes_into_same_child_run(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     marker = tmp_path / "failed_once"
     monkeypatch.setenv(FAIL_ENV, f"3:{marker}")
-    summary = SweepRunner(_sweep(tmp_path), tracking_uri=uri, output_dir=tmp_path / "out").run()
+    baseline = "baseline: {name: masking_off, overrides: {algo.mpt.mode: 'off'}, seeds: 1}\n"
+    summary = SweepRunner(_sweep(tmp_path, baseline=baseline), tracking_uri=uri, output_dir=tmp_path / "out").run()
     assert marker.exists(), "the injected failure never fired"
     assert summary["errors"] == []
-    kids = _children(uri, summary["parent_run_id"])
-    assert len(kids) == 2, [k.info.run_id for k in kids]
+    all_kids = _children(uri, summary["parent_run_id"])
+    base = [k for k in all_kids if k.data.tags.get("ulorl.trial_role") == "baseline"]
+    assert len(base) == 1 and base[0].data.params["algo.mpt.mode"] == "off"
+    assert " baseline " in base[0].info.run_name and base[0].info.run_name.startswith("tiny-")
+    kids = [k for k in all_kids if k.data.tags.get("ulorl.trial_role") == "search"]
+    assert len(kids) == 2, [k.info.run_id for k in all_kids]
+    names = [k.info.run_name for k in all_kids]
+    assert len(set(names)) == 3 and all(n.startswith("tiny-") and "tau=" in n for n in names if n not in
+                                         {base[0].info.run_name}), names
+    client0 = MlflowClient(uri)
+    header = client0.download_artifacts(summary["parent_run_id"], "sweep/ranking.csv", str(tmp_path))
+    cols = Path(header).read_text().splitlines()[0].split(",")
+    assert {"heldout_ci_low", "heldout_ci_high", "diff_vs_baseline", "diff_ci_low", "diff_ci_high"} <= set(cols)
+    assert summary["command"].startswith("ulorl-train ") and "algo.mpt.tau=" in summary["command"]
+    assert summary["verdict"].startswith("verdict: best trial ")
     client = MlflowClient(uri)
     failed_trial = marker.read_text().strip()
     retried = [k for k in kids if k.data.tags["ulorl.trial_id"] == failed_trial]
@@ -68,7 +82,7 @@ def test_failed_trial_resumes_into_same_child_run(tmp_path, monkeypatch):
     assert run.data.tags.get("ulorl.resumed_at_step") == "2"   # checkpoint of step 2, failure at step 3
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "time/step_s"))
     assert steps == [1, 2, 3, 4]
-    ranked = [r["run_id"] for r in summary["ranking"]]
+    ranked = [r["run_id"] for r in summary["ranking"] if r["role"] == "search"]
     assert sorted(ranked) == sorted(k.info.run_id for k in kids)
     best = max(kids, key=lambda k: k.data.metrics["eval/heldout/avg_at_k"])
     assert summary["ranking"][0]["objective"] == best.data.metrics["eval/heldout/avg_at_k"]

@@ -88,3 +88,9 @@ def test_cli_dry_run_and_bad_spec_exit_code(tmp_path, capsys):
     bad = _spec(tmp_path, "space:\n  nope.key: {choice: [1]}\n")
     assert main([str(bad)]) == 2
     assert "space.nope.key" in capsys.readouterr().err
+
+
+def test_segments_sweep_reaches_steady_state_for_every_s():
+    """Table 1 uses steps after the first S: every S of sweeps/segments.yaml keeps >= 8 steady steps."""
+    spec, _, _ = load_sweep(ROOT / "sweeps" / "segments.yaml")
+    assert all(spec.stop.steps - s >= 8 for s in spec.space["rollout.segments"].grid)

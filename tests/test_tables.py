@@ -119,8 +119,11 @@ def test_empty_store_writes_every_file_with_not_run(tmp_path: Path, empty_db: Pa
 
 def test_partial_store_values_not_run_cells_and_run_ids(tmp_path: Path, empty_db: Path) -> None:
     st = Store(tmp_path, empty_db)
-    s1 = st.train_run("table1", {"rollout.segments": 1}, {"time/step_s": [3.0, 2.0, 4.0]}, "s1")
-    s2 = st.train_run("table1", {"rollout.segments": 2}, {"time/step_s": [1.5, 1.0, 2.0, 100.0]}, "s2")
+    # steady window = steps > S: s1 keeps steps 2, 3 -> [2, 4]; s2 drops its two warm-up steps -> [1.5, 2.0]
+    s1 = st.train_run("table1", {"rollout.segments": 1}, {"time/step_s": [3.0, 2.0, 4.0],
+                                                         "train/samples": [8.0, 8.0, 8.0]}, "s1")
+    s2 = st.train_run("table1", {"rollout.segments": 2}, {"time/step_s": [0.1, 0.1, 1.5, 2.0],
+                                                         "train/samples": [2.0, 4.0, 8.0, 6.0]}, "s2")
     ev = st.eval_run("heldout", 0.375, model="runs:/abc/checkpoints/final", label="tiny-rl")
     store = RunStore.open(st.uri)
 
@@ -128,6 +131,9 @@ def test_partial_store_values_not_run_cells_and_run_ids(tmp_path: Path, empty_db
     r1, r2, r4 = (_row(t1, str(s), "compact") for s in (1, 2, 4))
     assert r1["Time/step (s)"].value == pytest.approx(3.0) and r1["Time/step (s)"].run_ids == (s1,)
     assert r2["Time/step (s)"].value == pytest.approx(1.75) and r2["Time/step (s)"].run_ids == (s2,)
+    assert r1["Trained samples/s"].value == pytest.approx(16 / 6.0)   # (8 + 8) / (2 + 4)
+    assert r2["Trained samples/s"].value == pytest.approx(14 / 3.5)   # (8 + 6) / (1.5 + 2.0)
+    assert any("steady window" in n for n in t1.notes)
     assert r2["Speedup"].value == pytest.approx(3.0 / 1.75) and r2["Speedup"].text == "1.71x"
     assert set(r2["Speedup"].run_ids) == {s1, s2}
     assert r1["Speedup"].text == "1.00x"
@@ -217,7 +223,7 @@ def test_figures_lines_labels_and_sigma(tmp_path: Path, empty_db: Path) -> None:
 
 def test_cli_json_one_object(tmp_path: Path, empty_db: Path, capsys: pytest.CaptureFixture[str]) -> None:
     st = Store(tmp_path, empty_db)
-    st.train_run("table1", {"rollout.segments": 1, "rollout.batching": "static"}, {"time/step_s": [2.0]})
+    st.train_run("table1", {"rollout.segments": 1, "rollout.batching": "static"}, {"time/step_s": [2.0, 2.0]})
     rc = tables_main(["--tracking-uri", st.uri, "--out", str(tmp_path / "o"), "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)  # exactly one JSON object on stdout
@@ -263,7 +269,7 @@ def test_tables_pick_up_real_training_runs(tmp_path: Path, empty_db: Path) -> No
     shutil.copy(empty_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     quickstart = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
-    common = [f"model.name_or_path={model_dir}", "train.max_steps=2", "rollout.max_response_len=64",
+    common = [f"model.name_or_path={model_dir}", "train.max_steps=3", "rollout.max_response_len=64",
               "rollout.prompts_per_step=2", "rollout.group_size=4", "eval.every=0", f"tracking.uri={uri}", "algo.dynamic_sampling=false",
               f"train.output_dir={tmp_path / 'runs'}", "train.threads=1"]
     r1 = train(load_experiment(quickstart, common + ["rollout.segments=2", "tracking.paper_ref=table1"]), progress=False)
@@ -273,15 +279,15 @@ def test_tables_pick_up_real_training_runs(tmp_path: Path, empty_db: Path) -> No
     t1 = build_table1(store, HINTS)
     row = _row(t1, "2", "compact")
     steps, times = store.history(r1.run_id, "time/step_s")
-    assert steps == [1, 2] and row["Time/step (s)"].run_ids == (r1.run_id,)
-    assert row["Time/step (s)"].value == pytest.approx((times[0] + times[1]) / 2)  # median of two points
+    assert steps == [1, 2, 3] and row["Time/step (s)"].run_ids == (r1.run_id,)
+    assert row["Time/step (s)"].value == pytest.approx(times[2])  # S = 2: steady window is step 3 only
     assert _row(t1, "1", "compact")["Time/step (s)"].text == NOT_RUN
     figs = {f.key: f for f in build_figures(store, HINTS)}
     (line,) = figs["fig5"].lines
     assert line.run_id == r2.run_id and line.target == 0.3 and line.label == "DMMPT"
     # entropy is logged at the steps that updated the model (train/skipped == 0): the line has exactly those
     skipped = dict(zip(*store.history(r2.run_id, "train/skipped")))
-    assert sorted(skipped) == [1, 2]
+    assert sorted(skipped) == [1, 2, 3]
     assert line.series.get("train/entropy", ([], []))[0] == [s for s, v in sorted(skipped.items()) if v == 0]
     summary = write_all(store, tmp_path / "out", HINTS)
     assert summary["tables"]["table1"]["runs"] == 1 and not summary["figures"]["fig5"]["not_run"]

@@ -12,6 +12,7 @@ validation, and every error names the file and the full key path::
 from __future__ import annotations
 
 import copy
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -321,14 +322,23 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any],
 def _format_errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid experiment config in {source}:"]
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
+        path = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
+            near = difflib.get_close_matches(path, sorted(known_keys()), n=1)
+            msg = "unknown key" + (f" (did you mean {near[0]}?)" if near else "")
         inp = e.get("input")
         shown = "" if e["type"] == "extra_forbidden" or isinstance(inp, dict) else f" (got {inp!r})"
-        lines.append(f"  {path}: {msg}{shown}")
+        lines.append(f"  {path}: {msg}{shown}" if path else f"  {msg}")
     return "\n".join(lines)
+
+
+def _format_errors_of(data: dict[str, Any], source: str) -> str:
+    try:
+        ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        return _format_errors(err, source)
+    return f"invalid experiment config in {source}"
 
 
 def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> ExperimentConfig:
@@ -355,9 +365,15 @@ def load_experiment(path: str | os.PathLike, overrides: list[str] | dict[str, An
     """Load an experiment YAML, apply dotted overrides, validate. Errors name file and key path."""
     data = read_yaml(path)
     data.setdefault("name", Path(path).stem)
-    if overrides:
-        data = apply_overrides(data, overrides, source=str(path))
-    return config_from_dict(data, source=str(path))
+    if not overrides:
+        return config_from_dict(data, source=str(path))
+    try:
+        return config_from_dict(apply_overrides(data, overrides, source="command-line override"), source=str(path))
+    except ConfigError:
+        config_from_dict(data, source=str(path))  # the file alone is invalid: that error names the file
+        shown = overrides if isinstance(overrides, list) else [f"{k}={v}" for k, v in overrides.items()]
+        raise ConfigError(_format_errors_of(apply_overrides(data, overrides, source="command-line override"),
+                                            f"the command-line override(s) {' '.join(shown)} (on {path})")) from None
 
 
 def flatten_config(cfg: ExperimentConfig | dict[str, Any], prefix: str = "") -> dict[str, Any]:

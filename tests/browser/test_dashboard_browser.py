@@ -1,7 +1,8 @@
 """The dashboard in a real headless Chromium, driven over the DevTools protocol.
 
-Starts ``ulorl-dashboard`` on a free port against a store of REAL short training / eval runs,
-loads every page, waits until Streamlit finished the script run and the page's charts / tables
+Starts ``ulorl-dashboard`` on a free port against a store of REAL short training / eval runs that
+share one run name, plus two sweep parent runs of one sweep name (tests/dashboard_stores.py), loads
+every page, waits until Streamlit finished the script run and the page's charts / tables
 rendered, saves a full-page PNG of each, and fails if a page shows a Streamlit exception box.
 
 Screenshots go to the test's tmp dir and are copied to ``$ULORL_DASHBOARD_SHOTS``
@@ -34,7 +35,7 @@ PAGES: dict[str, tuple[str, str, int]] = {
     "curves": ("Curves", CHART, 2),
     "speedup": ("Speedup", CHART, 2),
     "benchmarks": ("Benchmarks", CHART, 1),
-    "sweep": ("Sweep", CHART, 2),
+    "sweep": ("Sweep", CHART, 2),   # parallel coordinates + history (importance hidden: < 8 trials)
     # opened on the DMMPT training run (?run=...): its sampled responses must render
     "detail": ("Run detail", ".ulorl-sample", 1),
 }
@@ -142,4 +143,45 @@ def test_every_page_renders_in_chromium(server, browser, real_store, tmp_path):
         dialogs = browser.evaluate("Array.from(document.querySelectorAll('[role=\"dialog\"]')).map(e => e.innerText)")
         assert not dialogs, f"page {path} shows a dialog: {dialogs}"
         assert shot.stat().st_size > 10_000, f"screenshot of {path} looks empty"
+        if path in SERIES_CHECKS:
+            report[path]["series"] = SERIES_CHECKS[path](browser, real_store)
     print(json.dumps(report, indent=1))
+
+
+# Text of the legend labels / x-axis labels of the page's first chart (Vega renders SVG text).
+LEGEND = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')[0]"
+          "?.querySelectorAll('.role-legend-label text') || []).map(t => t.textContent)")
+X_LABELS = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')[0]"
+            "?.querySelectorAll('.role-axis-label text') || []).map(t => t.textContent)")
+LINES = ("document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')[0]"
+         "?.querySelectorAll('.mark-line path').length || 0")
+SELECT = ("(() => { const e = document.querySelector('[data-testid=\"stSelectbox\"]'); if (!e) return '';"
+          " return e.textContent + ' ' + Array.from(e.querySelectorAll('input')).map(i => i.value).join(' '); })()")
+
+
+def _curves(browser: Browser, store: dict) -> dict:
+    """The 6 newest training runs (all named ``quickstart``): 6 distinct legend entries."""
+    legend = browser.evaluate(LEGEND)
+    assert len(legend) == 6 and len(set(legend)) == 6, legend
+    assert all(label.startswith("quickstart (") for label in legend), legend
+    return {"legend": legend}
+
+
+def _benchmarks(browser: Browser, store: dict) -> dict:
+    """One bar group per run: as many distinct x labels as runs with a held-out result (11)."""
+    labels = browser.evaluate(X_LABELS)
+    runs = [x for x in labels if x.startswith("quickstart (")]
+    assert len(runs) == len(set(runs)) == 10, labels   # 2 real + 8 sweep trials; + the eval run's label
+    return {"x_labels": labels}
+
+
+def _sweep(browser: Browser, store: dict) -> dict:
+    """The newest sweep run only: its 4 trials are 4 lines in the parallel coordinates."""
+    select = browser.evaluate(SELECT)
+    assert store["sweep_B"][:8] in select and "(4 trials)" in select, select
+    lines = browser.evaluate(LINES)
+    assert lines == 4, lines
+    return {"select": select, "parallel_lines": lines}
+
+
+SERIES_CHECKS = {"curves": _curves, "benchmarks": _benchmarks, "sweep": _sweep}

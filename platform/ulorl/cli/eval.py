@@ -1,7 +1,7 @@
 """``ulorl-eval``: avg@k / pass@k of a model on a benchmark, logged to MLflow.
 
     ulorl-eval --benchmark heldout --k 8                       # embedded warm-started model
-    ulorl-eval --benchmark aime2025 --k 32 --model /models/UloRL-A3B --data-dir ../shared/data
+    ulorl-eval --benchmark aime2025 --k 32 --model /models/UloRL-A3B --data-dir DIR
     ulorl-eval --benchmark aime2025 --k 32 --model /models/UloRL-A3B --max-new-tokens 143360 \\
                --yarn-factor 1.5 --yarn-original-max-pos 95232 --label UloRL-A3B-128k-Yarn
     ulorl-eval --benchmark heldout --k 4 --model runs:/<run_id>/checkpoints/final --parent-run-id <run_id>
@@ -101,7 +101,8 @@ def load_items(spec: str, data_dir: Optional[str], num_problems: Optional[int], 
     try:
         items = list(resolve_dataset(spec, data_dir))
     except (FileNotFoundError, ValueError, KeyError) as exc:
-        raise EvalCliError(f"--benchmark {spec!r}: {exc}") from None
+        text = str(exc).replace("a benchmark name (", "a benchmark name (heldout = the embedded task's held-out split, ")
+        raise EvalCliError(f"--benchmark {spec!r}: {text}") from None
     return items[:num_problems] if num_problems else items
 
 

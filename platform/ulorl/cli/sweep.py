@@ -12,7 +12,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ulorl-sweep",
         description="Launch a sweep of full UloRL training trials (Ray Tune + Optuna); every trial is an MLflow child run.",
-        epilog="Example: ulorl-sweep sweeps/mpt_threshold.yaml",
+        epilog=("Example: ulorl-sweep sweeps/mpt_threshold.yaml\n\n"
+                "A spec with a `baseline:` also runs the baseline (outside the searcher) and re-runs it and the\n"
+                "best trial on a second seed; the output ranks the trials with held-out intervals, the paired\n"
+                "difference vs the baseline on the same problems, a one-line verdict and the ulorl-train\n"
+                "command of the best config. The parent run keeps sweep/ranking.csv (columns: see README)."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("sweep", help="sweep spec YAML (see sweeps/)")
     p.add_argument("--tracking-uri", help="MLflow URI (else $MLFLOW_TRACKING_URI, else sqlite:///./mlflow.db)")
@@ -43,13 +48,18 @@ def main(argv: list[str] | None = None) -> int:
         trials = describe_trials(spec)
         print(f"sweep {spec.name}: base {base_path}, {len(trials)} trial(s), search {spec.search.algorithm}, "
               f"metric {spec.metric} ({spec.mode}), max concurrent {spec.max_concurrent}")
+        if spec.baseline is not None:
+            b = spec.baseline
+            print(f"  + baseline {b.name} {json.dumps(b.overrides)} on {b.seeds} seed offset(s)"
+                  + (f" and the best trial re-run on {b.seeds - 1} more" if b.seeds > 1 else ""))
         for t in trials:
             print("  " + json.dumps(t, default=str))
         _, _, base = load_sweep(args.sweep)
         if config_from_dict(base).rollout.engine == "vllm" and not vllm_available():
             print("note: rollout.engine=vllm needs the 'gpu' extra (pip install 'ulorl[gpu]'); trials would fail here")
         return 0
-    from ulorl.sweep.launch import SweepRunner, print_ranking
+    from ulorl.sweep.launch import SweepRunner
+    from ulorl.sweep.ranking import print_summary
 
     try:
         runner = SweepRunner(args.sweep, tracking_uri=args.tracking_uri, address=args.address,
@@ -61,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(summary, default=str))
     else:
-        print_ranking(summary, spec)
+        print_summary(summary, spec)
     if summary["errors"]:
         print(f"ulorl-sweep: {len(summary['errors'])} trial(s) failed for good:", file=sys.stderr)
         for e in summary["errors"]:

@@ -66,9 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         from ulorl.scale.placement import run_with_placement
 
         return run_with_placement(cfg, args)
+    from ulorl.tracking import require_store_folder, resolve_tracking_uri
     from ulorl.train.trainer import Trainer
 
     try:
+        require_store_folder(resolve_tracking_uri(args.tracking_uri, cfg.tracking.uri))
         result = Trainer(
             cfg, run_dir=args.run_dir, resume=args.resume, tracking_uri=args.tracking_uri,
             progress=not args.no_progress, allow_config_change=args.allow_config_change,

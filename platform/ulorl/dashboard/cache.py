@@ -63,5 +63,10 @@ def text_artifact(uri: str, run_id: str, path: str) -> Optional[str]:
     return store.read_text_artifact(client(uri), run_id, path)
 
 
+@st.cache_data(ttl=QUERY_TTL_S, show_spinner=False)
+def per_problem(uri: str, run_id: str, bench: str) -> dict[str, float]:
+    return store.per_problem_scores(client(uri), run_id, bench)
+
+
 def clear() -> None:
     st.cache_data.clear()

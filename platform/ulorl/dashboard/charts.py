@@ -85,7 +85,7 @@ def paper_table1_chart(table1: pd.DataFrame) -> alt.Chart:
 
 def benchmark_chart(table: pd.DataFrame) -> alt.LayerChart:
     """avg@k per run and benchmark with the logged confidence interval as error bars."""
-    enc = dict(x=alt.X("label:N", title=None), xOffset="bench:N")
+    enc = dict(x=alt.X("label:N", title=None, axis=alt.Axis(labelLimit=300)), xOffset="bench:N")
     bars = alt.Chart(table).mark_bar().encode(
         **enc, y=alt.Y("avg_at_k:Q", title="avg@k"), color=alt.Color("bench:N"),
         tooltip=["label:N", "bench:N", alt.Tooltip("avg_at_k:Q", format=".3f"),
@@ -98,12 +98,26 @@ def benchmark_chart(table: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(bars, err).properties(height=300)
 
 
+def difference_chart(diffs: pd.DataFrame) -> alt.LayerChart:
+    """Paired difference vs the baseline per run and benchmark: point and interval, zero rule."""
+    enc = dict(y=alt.Y("label:N", title=None, axis=alt.Axis(labelLimit=400)), yOffset="bench:N")
+    bars = alt.Chart(diffs).mark_errorbar(ticks=True).encode(
+        **enc, x=alt.X("diff_low:Q", title="difference vs baseline (% points)"), x2="diff_high:Q",
+        color=alt.Color("bench:N"))
+    pts = alt.Chart(diffs).mark_point(filled=True, size=60).encode(
+        **enc, x="diff:Q", color=alt.Color("bench:N"),
+        tooltip=["label:N", "bench:N", alt.Tooltip("diff:Q", format=".1f"), alt.Tooltip("diff_low:Q", format=".1f"),
+                 alt.Tooltip("diff_high:Q", format=".1f"), "paired_problems:Q"])
+    zero = alt.Chart(pd.DataFrame({"x": [0.0]})).mark_rule(color="#999", strokeDash=[4, 3]).encode(x="x:Q")
+    return alt.layer(zero, bars, pts).properties(height=40 + 28 * max(1, len(diffs)))
+
+
 def parallel_chart(long: pd.DataFrame, objective_title: str) -> alt.LayerChart:
     """Parallel coordinates: each trial a line over the [0, 1]-scaled axes, coloured by objective."""
     order = list(long.sort_values("order")["axis"].drop_duplicates())
     x = alt.X("axis:N", sort=order, title=None, axis=alt.Axis(labelAngle=0))
     lines = alt.Chart(long).mark_line(opacity=0.7).encode(
-        x=x, y=alt.Y("norm:Q", title="scaled value", scale=alt.Scale(domain=[0, 1])), detail="run:N",
+        x=x, y=alt.Y("norm:Q", title="scaled value", scale=alt.Scale(domain=[0, 1])), detail="run_id:N",
         color=alt.Color("objective:Q", title=objective_title, scale=alt.Scale(scheme="viridis")),
         tooltip=["run:N", "axis:N", "label:N", alt.Tooltip("objective:Q", format=".4g")])
     points = alt.Chart(long).mark_circle(size=40).encode(

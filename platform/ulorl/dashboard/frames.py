@@ -15,13 +15,28 @@ import pandas as pd
 
 from ulorl.tracking import schema
 
-from ulorl.dashboard.store import BEST_METRICS, PARAM_LABELS
+from ulorl.dashboard.store import BEST_METRICS, PARAM_LABELS, unique_labels
+from ulorl.sweep.ranking import common_scores, paired_bootstrap
 
 _EVAL_KEY = re.compile(r"^metrics\.eval/([^/]+)/avg_at_k$")
 
 FINAL_METRICS: tuple[str, ...] = (
     "train/reward_mean", "train/entropy", "train/masked_frac", schema.eval_metric("heldout", "avg_at_k"),
 )
+
+
+def labels_of(runs: pd.DataFrame) -> dict[str, str]:
+    """run_id -> unique display label (the ``label`` column of ``load_runs``, else computed)."""
+    if runs.empty:
+        return {}
+    if "label" in runs:
+        return dict(zip(runs["run_id"], runs["label"]))
+    return dict(zip(runs["run_id"], unique_labels(list(runs["run_id"]), list(runs["run_name"]))))
+
+
+def label_series(runs: pd.DataFrame) -> pd.Series:
+    labels = labels_of(runs)
+    return runs["run_id"].map(labels) if not runs.empty else pd.Series(dtype=object)
 
 
 def param_col(key: str) -> str:
@@ -53,7 +68,7 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     if runs.empty:
         return pd.DataFrame(columns=["run", "kind", "status", "run_id"])
     out = pd.DataFrame({
-        "run": runs["run_name"],
+        "run": label_series(runs),
         "kind": runs["kind"],
         "status": runs["status"],
         "experiment": runs["experiment"],
@@ -165,12 +180,12 @@ def curve_frame(
     ``hist``: one metric's long history (run_id, step, value, timestamp). ``x``: ``"step"`` or
     ``"wall"`` (seconds since the run started: the ``time/wall_s`` value at that step from
     ``wall`` when given, else the metric timestamp minus the run's start time).
-    Returns run_id, run, step, x, raw, value (value = EMA-smoothed raw, per run).
+    Returns run_id, run (the run's unique label), step, x, raw, value (value = EMA-smoothed raw, per run).
     """
     cols = ["run_id", "run", "step", "x", "raw", "value"]
     if hist.empty:
         return pd.DataFrame(columns=cols)
-    names = dict(zip(runs["run_id"], runs["run_name"]))
+    names = labels_of(runs)
     starts = dict(zip(runs["run_id"], runs["start_time"])) if "start_time" in runs else {}
     parts = []
     for run_id, h in hist.groupby("run_id", sort=False):
@@ -211,13 +226,14 @@ def group_bands(curves: pd.DataFrame, runs: pd.DataFrame, param: str) -> pd.Data
 
 
 def sigma_lines(runs: pd.DataFrame, run_ids: Iterable[str]) -> pd.DataFrame:
-    """Target entropy of each selected run (param ``algo.mpt.sigma``): run, sigma, mask_mode."""
+    """Target entropy of each selected run (param ``algo.mpt.sigma``): run (label), sigma, mask_mode."""
+    labels = labels_of(runs)
     sub = runs[runs["run_id"].isin(list(run_ids))]
     col, mode_col = param_col("algo.mpt.sigma"), param_col("algo.mpt.mode")
     if col not in sub:
         return pd.DataFrame(columns=["run", "sigma", "mask_mode"])
     out = pd.DataFrame({
-        "run": sub["run_name"],
+        "run": sub["run_id"].map(labels),
         "sigma": pd.to_numeric(sub[col], errors="coerce"),
         "mask_mode": sub[mode_col] if mode_col in sub else None,
     })
@@ -235,28 +251,36 @@ def sweep_groups(train: pd.DataFrame) -> pd.Series:
     return sweep.where(sweep.notna() & (sweep.astype("string") != ""), fallback)
 
 
-def rollout_stats(hist: pd.DataFrame) -> pd.DataFrame:
-    """Per-run rollout timing from ``time/step_s`` and ``rollout/finished`` histories.
+def rollout_stats(hist: pd.DataFrame, skip: Optional[dict[str, int]] = None) -> pd.DataFrame:
+    """Per-run rollout timing from ``time/step_s``, ``rollout/finished`` and ``train/samples`` histories.
 
-    Returns run_id, steps, median_step_s, total_s, finished, finished_per_s
-    (= finished samples summed over steps / step seconds summed over steps).
+    ``skip``: run_id -> number of leading steps to leave out (the Speedup page passes each run's
+    segment count S: the pools reach steady state only after S steps). Returns run_id, steps (in
+    the window), first_step, median_step_s, total_s, finished, finished_per_s (= finished samples
+    summed / step seconds summed) and trained_per_s (= train/samples summed / step seconds summed;
+    NaN without train/samples). A run with no step in its window has steps 0 and NaN values.
     """
-    cols = ["run_id", "steps", "median_step_s", "total_s", "finished", "finished_per_s"]
+    cols = ["run_id", "steps", "first_step", "median_step_s", "total_s", "finished", "finished_per_s", "trained_per_s"]
     if hist.empty:
         return pd.DataFrame(columns=cols)
     rows = []
     for run_id, h in hist.groupby("run_id", sort=False):
+        h = h[h["step"] > (skip or {}).get(run_id, 0)]
         t = h[h["metric"] == "time/step_s"].drop_duplicates("step", keep="last")
         f = h[h["metric"] == "rollout/finished"].drop_duplicates("step", keep="last")
+        n = h[h["metric"] == "train/samples"].drop_duplicates("step", keep="last")
         total = float(t["value"].sum()) if len(t) else np.nan
         finished = float(f["value"].sum()) if len(f) else np.nan
+        trained = float(n["value"].sum()) if len(n) else np.nan
         rows.append({
             "run_id": run_id,
             "steps": int(t["step"].nunique()) if len(t) else 0,
+            "first_step": int(t["step"].min()) if len(t) else np.nan,
             "median_step_s": float(t["value"].median()) if len(t) else np.nan,
             "total_s": total,
             "finished": finished,
             "finished_per_s": finished / total if total and total > 0 else np.nan,
+            "trained_per_s": trained / total if total and total > 0 else np.nan,
         })
     return pd.DataFrame(rows, columns=cols)
 
@@ -269,7 +293,8 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     step_speedup (= median_step_s at S=1 / median_step_s), throughput_x (= finished_per_s /
     finished_per_s at S=1); the relative columns are NaN when the batching has no S = 1 run.
     """
-    cols = ["batching", "segments", "runs", "median_step_s", "finished_per_s", "step_speedup", "throughput_x"]
+    cols = ["batching", "segments", "runs", "median_step_s", "finished_per_s", "trained_per_s", "step_speedup",
+            "throughput_x"]
     if stats.empty:
         return pd.DataFrame(columns=cols)
     seg_col, bat_col = param_col("rollout.segments"), param_col("rollout.batching")
@@ -278,12 +303,15 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         "segments": pd.to_numeric(runs[seg_col], errors="coerce") if seg_col in runs else np.nan,
         "batching": runs[bat_col].fillna("(unset)") if bat_col in runs else "(unset)",
     })
+    if "trained_per_s" not in stats:
+        stats = stats.assign(trained_per_s=np.nan)
     df = stats.merge(meta, on="run_id", how="inner").dropna(subset=["segments", "median_step_s"])
     if df.empty:
         return pd.DataFrame(columns=cols)
     df["segments"] = df["segments"].astype(int)
     agg = df.groupby(["batching", "segments"], sort=True).agg(
         runs=("run_id", "size"), median_step_s=("median_step_s", "mean"), finished_per_s=("finished_per_s", "mean"),
+        trained_per_s=("trained_per_s", "mean"),
     ).reset_index()
     base = agg[agg["segments"] == 1].set_index("batching")
     agg["step_speedup"] = agg["batching"].map(base["median_step_s"]) / agg["median_step_s"]
@@ -300,9 +328,11 @@ def benchmarks_in(runs: pd.DataFrame) -> list[str]:
 
 
 def run_label(runs: pd.DataFrame) -> pd.Series:
-    """``ulorl.model_label`` tag when set, else the run name."""
+    """``ulorl.model_label`` tag when set, else the run name; made unique like
+    :func:`~ulorl.dashboard.store.unique_labels` (two runs never share a bar)."""
     label = runs["model_label"] if "model_label" in runs else pd.Series(None, index=runs.index)
-    return label.where(label.notna() & (label.astype("string") != ""), runs["run_name"])
+    names = label.where(label.notna() & (label.astype("string") != ""), runs["run_name"])
+    return pd.Series(unique_labels(list(runs["run_id"]), list(names)), index=runs.index)
 
 
 def _present(v: Any) -> Any:
@@ -355,6 +385,31 @@ def benchmark_deltas(table: pd.DataFrame, baseline_run_id: Optional[str]) -> pd.
     return out
 
 
+def paired_deltas(table: pd.DataFrame, baseline_run_id: Optional[str],
+                  scores: dict[tuple[str, str], dict[str, float]]) -> pd.DataFrame:
+    """Add the paired difference vs the baseline on the SAME problems: ``diff`` (mean of per-problem
+    accuracy differences), ``diff_low`` / ``diff_high`` (95 % paired bootstrap interval) and
+    ``paired_problems``. ``scores``: (run_id, bench) -> {problem_id: accuracy}. NaN where either
+    run has no per-problem results for that bench (or for the baseline row itself)."""
+    out = table.copy()
+    for col in ("diff", "diff_low", "diff_high", "paired_problems"):
+        out[col] = np.nan
+    if table.empty or not baseline_run_id:
+        return out
+    for idx, row in out.iterrows():
+        if row["run_id"] == baseline_run_id:
+            continue
+        a, b = scores.get((row["run_id"], row["bench"])), scores.get((baseline_run_id, row["bench"]))
+        if not a or not b:
+            continue
+        xa, xb = common_scores(a, b)
+        if not xa:
+            continue
+        d, lo, hi = paired_bootstrap(xa, xb)
+        out.loc[idx, ["diff", "diff_low", "diff_high", "paired_problems"]] = [d, lo, hi, len(xa)]
+    return out
+
+
 # ----------------------------------------------------------------------------- sweeps
 
 
@@ -398,7 +453,8 @@ def optimization_history(trials: pd.DataFrame, objective: str, mode: str = "max"
     df = df.sort_values("start_time", kind="stable") if "start_time" in df else df
     values = df[objective].astype(float)
     best = values.cummax() if mode == "max" else values.cummin()
-    return pd.DataFrame({"trial": np.arange(1, len(df) + 1), "run": df["run_name"].to_numpy(),
+    labels = labels_of(trials)
+    return pd.DataFrame({"trial": np.arange(1, len(df) + 1), "run": df["run_id"].map(labels).to_numpy(),
                          "value": values.to_numpy(), "best": best.to_numpy()}, columns=cols)
 
 
@@ -407,9 +463,10 @@ def parallel_frame(trials: pd.DataFrame, params: Sequence[str], objective: str) 
 
     Each axis (params then the objective) is scaled to [0, 1] over the trials (numeric: min-max,
     a constant axis sits at 0.5; categorical: evenly spaced in sorted order).
-    Returns run, axis, order, norm, label (the raw value as text), objective.
+    Returns run_id, run (label), axis, order, norm, label (the raw value as text), objective.
     """
-    cols = ["run", "axis", "order", "norm", "label", "objective"]
+    cols = ["run_id", "run", "axis", "order", "norm", "label", "objective"]
+    labels = labels_of(trials)
     df = trials.dropna(subset=[objective])
     if df.empty:
         return pd.DataFrame(columns=cols)
@@ -424,7 +481,8 @@ def parallel_frame(trials: pd.DataFrame, params: Sequence[str], objective: str) 
             cats = sorted(raw.dropna().astype(str).unique())
             pos = {c: (i / (len(cats) - 1) if len(cats) > 1 else 0.5) for i, c in enumerate(cats)}
             norm = raw.astype(str).map(pos)
-        parts.append(pd.DataFrame({"run": df["run_name"].to_numpy(), "axis": name, "order": order,
+        parts.append(pd.DataFrame({"run_id": df["run_id"].to_numpy(), "run": df["run_id"].map(labels).to_numpy(),
+                                   "axis": name, "order": order,
                                    "norm": norm.to_numpy(dtype=float), "label": raw.astype(str).to_numpy(),
                                    "objective": df[objective].astype(float).to_numpy()}))
     return pd.concat(parts, ignore_index=True)[cols]

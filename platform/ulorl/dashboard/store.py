@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
+from ulorl.sweep.ranking import parse_per_problem_csv
 from ulorl.tracking import schema
 
 # Metrics whose maximum over the run's history is shown as "best" in the runs table.
@@ -78,17 +80,30 @@ def metric_history(client: MlflowClient, run_id: str, key: str) -> pd.DataFrame:
     return df.sort_values(["step", "timestamp"], kind="stable").reset_index(drop=True)
 
 
+def unique_labels(run_ids: Sequence[str], names: Sequence[Optional[str]]) -> list[str]:
+    """Display label of each run: its name, with `` (<first 8 chars of the id>)`` appended when
+    another run in the list has the same name. Runs are identities, names are labels: charts key
+    on the label only because it is unique (``unique_labels(["a1", "b2"], ["q", "q"]) ==
+    ["q (a1)", "q (b2)"]``)."""
+    shown = [n if isinstance(n, str) and n else r[:8] for r, n in zip(run_ids, names)]
+    counts = Counter(shown)
+    out = [f"{n} ({r[:8]})" if counts[n] > 1 else n for r, n in zip(run_ids, shown)]
+    if len(set(out)) < len(out):  # ids sharing 8 chars under one name: use the whole id
+        out = [f"{n} ({r})" if counts[n] > 1 else n for r, n in zip(run_ids, shown)]
+    return out
+
+
 def load_runs(client: MlflowClient, best_metrics: Iterable[str] = BEST_METRICS) -> pd.DataFrame:
     """One row per active run of every active experiment.
 
-    Columns: run_id, run_name, experiment, experiment_id, kind, status, start_time, end_time,
-    duration_s, parent_run_id, parent, sweep, config, variant, paper_ref, model_label, benchmark,
+    Columns: run_id, run_name, label (unique display name, :func:`unique_labels`), experiment,
+    experiment_id, kind, status, start_time, end_time, duration_s, parent_run_id, parent, sweep, config, variant, paper_ref, model_label, benchmark,
     steps, ``params.<key>`` (strings as logged), ``metrics.<key>`` (latest value),
     ``best.<key>`` (max over history, for ``best_metrics``) and ``tags.<key>``.
     """
     experiments = {e.experiment_id: e.name for e in client.search_experiments(view_type=ViewType.ACTIVE_ONLY)}
     if not experiments:
-        return pd.DataFrame(columns=["run_id", "run_name", "experiment", "kind", "status"])
+        return pd.DataFrame(columns=["run_id", "run_name", "label", "experiment", "kind", "status"])
     rows: list[dict[str, Any]] = []
     for run in _iter_runs(client, list(experiments)):
         info, data = run.info, run.data
@@ -124,9 +139,10 @@ def load_runs(client: MlflowClient, best_metrics: Iterable[str] = BEST_METRICS) 
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
-        return pd.DataFrame(columns=["run_id", "run_name", "experiment", "kind", "status"])
+        return pd.DataFrame(columns=["run_id", "run_name", "label", "experiment", "kind", "status"])
     if "steps" not in df:
         df["steps"] = pd.NA
+    df.insert(2, "label", unique_labels(list(df["run_id"]), list(df["run_name"])))
     names = dict(zip(df["run_id"], df["run_name"]))
     kind_of = dict(zip(df["run_id"], df["kind"]))
     tag_of = {r: t for r, t in zip(df["run_id"], df["sweep_tag"]) if isinstance(t, str) and t}
@@ -144,7 +160,8 @@ def load_runs(client: MlflowClient, best_metrics: Iterable[str] = BEST_METRICS) 
             return tag_of.get(pid, names.get(pid))
         return sweep_of(pid, depth + 1)
 
-    df["parent"] = [names.get(p, p[:8]) if isinstance(p, str) and p else None for p in df["parent_run_id"]]
+    labels = dict(zip(df["run_id"], df["label"]))
+    df["parent"] = [labels.get(p, p[:8]) if isinstance(p, str) and p else None for p in df["parent_run_id"]]
     df["sweep"] = [sweep_of(r) for r in df["run_id"]]
     return df.reset_index(drop=True)
 
@@ -233,3 +250,14 @@ def read_jsonl_artifact(client: MlflowClient, run_id: str, path: str) -> list[di
         if isinstance(rec, dict):
             records.append(rec)
     return records
+
+
+def per_problem_scores(client: MlflowClient, run_id: str, bench: str) -> dict[str, float]:
+    """Per-problem accuracy of a run on ``bench``: an eval run's ``eval/<bench>_per_problem.csv``,
+    else a training run's last ``eval/<bench>_per_problem_step_<N>.csv``; {} when neither exists."""
+    names = [e["path"] for e in list_artifacts(client, run_id, "eval") if not e["is_dir"]]
+    whole = f"eval/{bench}_per_problem.csv"
+    steps = sorted(p for p in names if p.startswith(f"eval/{bench}_per_problem_step_") and p.endswith(".csv"))
+    path = whole if whole in names else (steps[-1] if steps else None)
+    text = read_text_artifact(client, run_id, path) if path else None
+    return parse_per_problem_csv(text) if text else {}

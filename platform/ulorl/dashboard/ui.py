@@ -37,7 +37,10 @@ def load_runs() -> pd.DataFrame:
     """All runs of the store, or an empty state / error box and ``st.stop()``."""
     uri = tracking_uri()
     if not store.store_exists(uri):
-        empty_state(f"No MLflow store at `{store.sqlite_path(uri)}` yet.", TRAIN_HINT)
+        path = store.sqlite_path(uri)
+        folder = "" if path is None or path.parent.is_dir() else f" (its folder `{path.parent}` does not exist either)"
+        empty_state(f"No MLflow store at `{path}` yet{folder}.",
+                    f"{'mkdir -p ' + str(path.parent) + ' && ' if folder else ''}{TRAIN_HINT} --tracking-uri {uri}")
     try:
         runs = cache.runs(uri)
     except Exception as exc:  # an unreachable server or a broken DB: say so, no traceback

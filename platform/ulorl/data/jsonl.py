@@ -20,6 +20,9 @@ from ulorl.data.types import PromptItem
 
 BENCHMARKS = ("aime2025", "beyondaime", "math_train_sample")
 DATA_DIR_ENV = "ULORL_DATA_DIR"
+# Files shipped with the package (origins and licences in its README.md); read when no data
+# directory is given. aime2025 is not among them (no licence upstream).
+PACKAGED_DIR = Path(__file__).resolve().parent / "files"
 _KNOWN = {"id", "problem", "answer", "source"}
 _HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(?::[\w.-]+)?$")
 
@@ -123,6 +126,8 @@ def resolve_dataset(spec: str, data_dir: Optional[str] = None) -> list[PromptIte
         raise DataError(f"{spec}: dataset file not found (cwd {Path.cwd()})")
     if spec in BENCHMARKS:
         folder, origin = _data_dir(data_dir)
+        if folder is None and (PACKAGED_DIR / f"{spec}.jsonl").is_file():
+            return load_jsonl_prompts(PACKAGED_DIR / f"{spec}.jsonl")
         if folder is None:
             raise DataError(
                 f"benchmark {spec!r} needs a data directory holding {spec}.jsonl: pass --data-dir DIR "

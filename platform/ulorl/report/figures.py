@@ -94,10 +94,10 @@ class PaperFigure:
                 ax.set_ylabel(ylabel)
                 ax.set_title(panel if len(self.metrics) == 1 else f"{panel}: {ylabel}", fontsize=9)
                 ax.grid(alpha=0.3)
-                if ax.get_legend_handles_labels()[0]:
-                    ax.legend(fontsize=7)
+                if ax.get_legend_handles_labels()[0]:  # beside the axes: inside, it covered the curves
+                    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
         fig.suptitle(self.title, fontsize=11)
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")
 
     def cell_records(self) -> list[dict[str, str]]:
         """cells.csv rows: one per (line, metric), value = last point; 'not run' when empty."""

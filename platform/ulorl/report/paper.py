@@ -2,7 +2,7 @@
 
 Used by ``ulorl-tables`` (printed beside our measurements) and the dashboard. Scores are avg@32
 in percent; times are seconds per training step. Nothing here is computed: it is transcribed from
-the paper (see /work/shared/PAPER.md).
+the paper (see platform/ulorl/docs/PAPER.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from ulorl.report import paper
 from ulorl.report.store import RunInfo, RunStore
@@ -159,9 +159,26 @@ def simulator_table1(segments: list[int]) -> Optional[dict[int, tuple[float, boo
     return {int(r["segments"]): (float(r["predicted_step_s"]), bool(r.get("fitted_on"))) for r in res["rows"]}
 
 
-def _run_median(store: RunStore, run: RunInfo, key: str) -> Optional[float]:
-    _, values = store.history(run.run_id, key)
-    return statistics.median(values) if values else None
+def steady_window(steps: Sequence[int], values: Sequence[float], segments: int) -> list[tuple[int, float]]:
+    """(step, value) pairs after the first ``segments`` steps. With S segments a response admitted
+    at step k can finish as late as step k + S - 1, so the pools (and the number of samples trained
+    per step) reach steady state only after S steps; before that large S trains fewer samples per
+    step and looks faster per step than it is. ``steady_window([1, 2, 3], [9, 1, 2], 1) == [(2, 1), (3, 2)]``."""
+    return [(st, v) for st, v in zip(steps, values) if st > segments]
+
+
+def steady_stats(store: RunStore, run: RunInfo, segments: int) -> Optional[dict[str, float]]:
+    """Median ``time/step_s`` and trained samples per second (``train/samples`` summed / step
+    seconds summed) over the steady window; None when the run has no step in it."""
+    steps, times = store.history(run.run_id, "time/step_s")
+    window = steady_window(steps, times, segments)
+    if not window:
+        return None
+    trained = dict(zip(*store.history(run.run_id, "train/samples")))
+    total_s = sum(v for _, v in window)
+    samples = sum(trained.get(st, 0.0) for st, _ in window)
+    return {"median_step_s": statistics.median(v for _, v in window), "steps": float(len(window)),
+            "trained_per_s": samples / total_s if total_s > 0 else float("nan")}
 
 
 def build_table1(
@@ -169,14 +186,16 @@ def build_table1(
     hints: dict[str, str],
     simulator: Callable[[list[int]], Optional[dict[int, tuple[float, bool]]]] = simulator_table1,
 ) -> Table:
-    """Median ``time/step_s`` per (segments, batching) from training runs tagged table1.
+    """Median ``time/step_s`` and trained samples/s per (segments, batching) from training runs
+    tagged table1, over each run's steady window (:func:`steady_window`: steps after the first S).
 
-    A cell with several runs (seeds) shows the median of the per-run medians. Speedup =
+    A cell with several runs (seeds) shows the median of the per-run values. Speedup =
     time(S=1) / time(S) within the same batching regime.
     """
     hints = {**DEFAULT_HINTS, **hints}
     runs = [r for r in store.runs(paper_ref="table1") if r.kind in ("train", "")]
     measured: dict[tuple[int, str], list[tuple[str, float]]] = {}
+    trained: dict[tuple[int, str], list[float]] = {}
     lens: set[str] = set()
     no_time: list[str] = []
     for r in runs:
@@ -184,11 +203,15 @@ def build_table1(
         if s is None:
             no_time.append(f"{r.name} ({r.run_id}): no rollout.segments param")
             continue
-        med = _run_median(store, r, "time/step_s")
-        if med is None:
+        if not store.history(r.run_id, "time/step_s")[0]:
             no_time.append(f"{r.name} ({r.run_id}): no time/step_s points")
             continue
-        measured.setdefault((s, r.param("rollout.batching", "?")), []).append((r.run_id, med))
+        stats = steady_stats(store, r, s)
+        if stats is None:
+            no_time.append(f"{r.name} ({r.run_id}): no step after the first S={s} (warm-up) steps; run more steps")
+            continue
+        measured.setdefault((s, r.param("rollout.batching", "?")), []).append((r.run_id, stats["median_step_s"]))
+        trained.setdefault((s, r.param("rollout.batching", "?")), []).append(stats["trained_per_s"])
         lens.add(r.param("rollout.max_response_len", "?"))
     seg_values = sorted({row.segments for row in paper.TABLE1} | {s for s, _ in measured})
     batchings = list(BATCHING_REGIMES) + sorted({b for _, b in measured} - set(BATCHING_REGIMES))
@@ -208,10 +231,13 @@ def build_table1(
             t = time_of((s, b))
             base = time_of((1, b))
             if t is None:
-                t_cell = sp_cell = Cell(NOT_RUN)
+                t_cell = sp_cell = tr_cell = Cell(NOT_RUN)
                 n_cell = Cell("0")
             else:
-                t_cell = Cell(_fmt(t[0], 3), t[0], t[1], note=f"median over {len(t[1])} run(s) of per-run median time/step_s")
+                t_cell = Cell(_fmt(t[0], 3), t[0], t[1], note=f"median over {len(t[1])} run(s) of per-run median "
+                              f"time/step_s over the steady window (steps > S={s})")
+                tr = statistics.median(trained[(s, b)])
+                tr_cell = Cell(_fmt(tr, 3), tr, t[1], note="train/samples / time/step_s summed over steps > S")
                 n_cell = Cell(str(len(t[1])), float(len(t[1])), t[1])
                 if base is None:
                     sp_cell = Cell(f"{NA} (no S=1 run)", None, t[1])
@@ -229,9 +255,11 @@ def build_table1(
                 sim_sp = Cell(f"{sim_base / v:.2f}x{tag}", sim_base / v, note=src) if sim_base else Cell(NA)
             else:
                 sim_t = sim_sp = Cell(NA, note="no simulator prediction available")
-            rows.append([label(s), label(b), t_cell, sp_cell, n_cell, p_time, p_sp, sim_t, sim_sp])
+            rows.append([label(s), label(b), t_cell, tr_cell, sp_cell, n_cell, p_time, p_sp, sim_t, sim_sp])
     notes = [
-        "Ours: median of time/step_s over the steps of each training run tagged ulorl.paper_ref=table1"
+        "Ours: steady window = the steps after the first S of each run (with S segments the pools fill, and the "
+        "samples trained per step settle, only after S steps); median time/step_s and trained samples/s "
+        "(train/samples / time/step_s, summed) over that window of each training run tagged ulorl.paper_ref=table1"
         + (f" (rollout.max_response_len={', '.join(sorted(lens))})" if lens else "")
         + "; speedup = time(S=1)/time(S) within a batching regime.",
         f"Paper: {paper.TABLE1_SETTING['model']}, 64k outputs (Table 1). Sim.: ulorl.report.simulator at paper scale "
@@ -246,7 +274,7 @@ def build_table1(
     return Table(
         "table1",
         "Table 1: segment count vs. time per step",
-        ["Segments", "Batching", "Time/step (s)", "Speedup", "Runs", "Paper time/step (s)", "Paper speedup",
+        ["Segments", "Batching", "Time/step (s)", "Trained samples/s", "Speedup", "Runs", "Paper time/step (s)", "Paper speedup",
          "Sim. paper-scale (s)", "Sim. speedup"],
         rows,
         n_label_cols=2,

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict, flatten_config
-from ulorl.sweep.spec import SweepSpec, grid_trials, load_sweep
+from ulorl.sweep import ranking
+from ulorl.sweep.spec import SweepSpec, grid_trials, load_sweep, trial_run_name
 from ulorl.tracking import resolve_tracking_uri, schema
 from ulorl.tracking.run import RunTracker, get_or_create_experiment
 
@@ -45,10 +46,17 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
     if "__trial__" in config:
         meta.update(meta["grid"][int(config["__trial__"])])
         meta["tags"] = {**meta["tags"], **meta.get("trial_tags", {})}
+    if "__extra__" in config:  # baseline / re-run trial outside the searcher
+        meta.update(config["__extra__"])
+        config = {}
     overrides = dict(meta["fixed"])
     overrides.update(meta.get("trial_overrides") or {})
-    overrides.update({k: v for k, v in config.items() if k != "__trial__"})
+    varied = {**(meta.get("trial_overrides") or {}), **{k: v for k, v in config.items() if k != "__trial__"}}
+    overrides.update(varied)
     rep = int(meta.get("repeat", 0))
+    role = meta.get("role", ranking.ROLE_SEARCH)
+    overrides["tracking.run_name"] = trial_run_name(
+        meta["sweep_name"], trial_id, varied, "" if role == ranking.ROLE_SEARCH else role, rep)
     base = meta["base_dict"]
     if rep:
         seeded = apply_overrides(base, overrides)
@@ -70,7 +78,8 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
             Path(marker).write_text(trial_id)
             fail_at = int(step_s)
 
-    tags = {schema.TRIAL_TAG: trial_id, schema.SWEEP_TAG: meta["sweep_name"], **meta["tags"]}
+    tags = {schema.TRIAL_TAG: trial_id, schema.SWEEP_TAG: meta["sweep_name"], schema.ROLE_TAG: role,
+            schema.SEED_TAG: str(rep), **meta["tags"]}
     if meta.get("variant"):
         tags[schema.VARIANT_TAG] = meta["variant"]
     metrics_names = meta["metrics"]
@@ -238,6 +247,9 @@ class SweepRunner:
                 tuner = self._new_tuner(trainable, meta, storage)
             results = tuner.fit()
             errors = [str(r.error) for r in results if r.error is not None]
+            if self.spec.baseline is not None:
+                extra = tune.Tuner(trainable, **self._extra_tuner_kwargs(results))
+                errors += [str(r.error) for r in extra.fit() if r.error is not None]
         finally:
             if self._server is not None:
                 self._server.stop()
@@ -295,72 +307,49 @@ class SweepRunner:
             ),
         )
 
+    def _extra_tuner_kwargs(self, results: Any) -> dict[str, Any]:
+        """Tuner arguments for the trials outside the searcher: the baseline on every seed offset and
+        the best search trial re-run on the offsets > 0. Each trial's settings travel in its config
+        (``__extra__``), so the same trainable runs them."""
+        from ray import tune
+
+        spec = self.spec
+        assert spec.baseline is not None
+        entries = [{"trial_overrides": dict(spec.baseline.overrides), "variant": spec.baseline.name, "repeat": rep,
+                    "role": ranking.ROLE_BASELINE} for rep in range(spec.baseline.seeds)]
+        done = [r for r in results if r.error is None and r.metrics]
+        i = ranking.best_index([r.metrics.get(spec.metrics[0]) for r in done],
+                               [str(r.metrics.get("trial_id", "")) for r in done], spec.modes[0])
+        best = done[i] if i is not None else None
+        if best is not None and best.config and "__trial__" not in best.config:
+            searched = {k: v for k, v in best.config.items() if k in spec.space}
+            entries += [{"trial_overrides": searched, "variant": "", "repeat": rep, "role": ranking.ROLE_RERUN}
+                        for rep in range(1, spec.baseline.seeds)]
+        return {
+            "param_space": {"__extra__": tune.grid_search(entries)},
+            "tune_config": tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),
+            "run_config": tune.RunConfig(name=f"{spec.name}-baseline", storage_path=str(self.sweep_dir / "tune"),
+                                         verbose=1, failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                                         checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
+        }
+
     # ---------------------------------------------------------------- ranking
     def _finish(self, parent: str) -> dict[str, Any]:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(self.tracking_uri)
-        ranking = ranking_from_mlflow(client, parent, self.spec.metrics[0], self.spec.modes[0])
+        summary = ranking.summarize(client, parent, self.spec, self.base, self.base_path)
         tracker = RunTracker(client, parent)
-        csv = ranking_csv(ranking)
-        tracker.log_text(csv, "sweep/ranking.csv")
-        best = ranking[0] if ranking else None
+        tracker.log_text(ranking.ranking_csv(summary["ranking"]), "sweep/ranking.csv")
+        best = summary["best"]
         if best is not None:
-            tracker.log_dict(best, "sweep/best.json")
+            tracker.log_dict({**best, "command": summary["command"], "verdict": summary["verdict"]}, "sweep/best.json")
             tracker.set_tags({"ulorl.best_run_id": best["run_id"]})
             if best.get("objective") is not None:
                 tracker.add_metrics({f"best/{self.spec.metrics[0]}": best["objective"]}, step=0)
-        tracker.add_metrics({"sweep/trials": len(ranking)}, step=0)
+        tracker.add_metrics({"sweep/trials": len(summary["ranking"])}, step=0)
         tracker.end("FINISHED")
-        return {"parent_run_id": parent, "ranking": ranking, "best": best, "sweep_dir": str(self.sweep_dir),
-                "tracking_uri": self.tracking_uri}
-
-
-def ranking_from_mlflow(client: Any, parent_run_id: str, metric: str, mode: str) -> list[dict[str, Any]]:
-    """Child runs of a sweep, ranked by the objective's last value (what MLflow holds)."""
-    parent = client.get_run(parent_run_id)
-    runs = client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
-                              max_results=1000)
-    rows = []
-    for r in runs:
-        obj = r.data.metrics.get(metric)
-        varied = {k: v for k, v in r.data.params.items() if k in schema.KEY_PARAMS}
-        rows.append({"run_id": r.info.run_id, "trial_id": r.data.tags.get(schema.TRIAL_TAG, ""),
-                     "variant": r.data.tags.get(schema.VARIANT_TAG, ""), "status": r.info.status,
-                     "objective": obj, "steps": r.data.metrics.get("train/policy_version"), **varied})
-    sign = -1 if mode == "max" else 1
-    rows.sort(key=lambda x: (x["objective"] is None, sign * (x["objective"] or 0.0)))
-    return rows
-
-
-def ranking_csv(rows: list[dict[str, Any]]) -> str:
-    import pandas as pd
-
-    return pd.DataFrame(rows).to_csv(index=False)
-
-
-def print_ranking(summary: dict[str, Any], spec: SweepSpec, file: Any = sys.stdout) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    rows = summary["ranking"]
-    table = Table(title=f"sweep {spec.name}: trials ranked by {spec.metrics[0]} ({spec.modes[0]})")
-    varied = [k for k in schema.KEY_PARAMS if len({str(r.get(k)) for r in rows}) > 1 or k in spec.space]
-    cols = ["rank", "trial_id", "objective", "status"] + (["variant"] if any(r.get("variant") for r in rows) else [])
-    cols += [k for k in varied if any(k in r for r in rows)]
-    for c in cols:
-        table.add_column(c)
-    for i, r in enumerate(rows, 1):
-        vals = [str(i)] + [("-" if r.get(c) is None else (f"{r[c]:.4f}" if isinstance(r.get(c), float) else str(r.get(c))))
-                           for c in cols[1:]]
-        table.add_row(*vals)
-    console = Console(file=file, width=None if getattr(file, "isatty", lambda: False)() else 160)
-    console.print(table)
-    if summary["best"]:
-        b = summary["best"]
-        console.print(f"best: run {b['run_id']} (trial {b['trial_id']}) {spec.metrics[0]}={b['objective']}")
-        console.print("best config: " + json.dumps({k: b[k] for k in schema.KEY_PARAMS if k in b}))
-    console.print(f"parent run: {summary['parent_run_id']}  tracking: {summary['tracking_uri']}")
+        return {**summary, "parent_run_id": parent, "sweep_dir": str(self.sweep_dir), "tracking_uri": self.tracking_uri}
 
 
 def flat_overrides_of(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -14,6 +14,10 @@ Example (``sweeps/mpt_threshold.yaml``)::
     num_samples: 4
     max_concurrent: 2
     resources: {cpu: 1, gpu: 0}
+    baseline:                                  # an extra trial outside the searcher
+      name: masking_off
+      overrides: {algo.mpt.mode: 'off'}
+      seeds: 2                                 # baseline and best trial also re-run on seed offset 1
 
 Every error (unknown key in the space, a value the experiment schema rejects, ASHA with several
 objectives, a missing base file) is raised by ``load_sweep`` before anything starts, with the key path.
@@ -83,6 +87,17 @@ class Variant(_S):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
+class Baseline(_S):
+    """The configuration every trial is compared with: the base experiment plus the sweep's fixed
+    overrides plus these overrides, same seeds and data order as the trials. It is run outside the
+    searcher (so it never enters the Optuna study or importance statistics); with ``seeds: 2`` the
+    baseline and the best search trial are also re-run with train / rollout seed offset 1."""
+
+    name: str = Field("baseline", description="label of the baseline trial (run name and ranking)")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="dotted experiment keys of the baseline")
+    seeds: int = Field(2, ge=1, le=5, description="seed offsets 0..seeds-1 for the baseline and the best trial")
+
+
 class SearchConfig(_S):
     algorithm: Literal["optuna", "grid"] = "optuna"
     seed: int = 0
@@ -122,6 +137,7 @@ class SweepSpec(_S):
     stop: StopConfig = StopConfig()
     max_failures: int = Field(2, ge=0, description="retries of a failing trial, from its checkpoint")
     experiment: Optional[str] = Field(None, description="MLflow experiment (default: the base's tracking.experiment)")
+    baseline: Optional[Baseline] = Field(None, description="extra trial(s) every search trial is compared with")
 
     @model_validator(mode="after")
     def _checks(self) -> "SweepSpec":
@@ -216,9 +232,37 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
         for key in var.overrides:
             _check_key(key, f"variants[{i}].overrides.{key}", str(p))
         _validate_with(base, {**fixed, **var.overrides}, f"variants[{i}] ({var.name})", str(p))
+    if spec.baseline is not None:
+        for key in spec.baseline.overrides:
+            _check_key(key, f"baseline.overrides.{key}", str(p))
+        _validate_with(base, {**fixed, **spec.baseline.overrides}, "baseline", str(p))
     if spec.metrics == ["eval/heldout/avg_at_k"] and fixed_cfg.eval.every == 0 and "eval.every" not in spec.space:
         raise SweepError(f"{p}: metric eval/heldout/avg_at_k needs periodic evaluation (eval.every > 0 in the base)")
     return spec, base_path, base
+
+
+def short_key(key: str, keys: list[str]) -> str:
+    """Last dotted part of ``key`` (``algo.mpt.tau -> tau``), or the whole key when another of
+    ``keys`` ends the same way."""
+    last = key.rsplit(".", 1)[-1]
+    return last if sum(k.rsplit(".", 1)[-1] == last for k in keys) == 1 else key
+
+
+def short_value(value: Any) -> str:
+    """``0.0931234 -> 0.0931``, ``0.9 -> 0.9``, ``'off' -> off``."""
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
+def trial_run_name(sweep: str, trial_id: str, values: dict[str, Any], role: str = "", seed_offset: int = 0) -> str:
+    """Unique readable MLflow run name of a trial: ``<sweep>-<trial id>`` plus a short summary of
+    its varied values, e.g. ``mpt_threshold-8ffbe956 tau=0.9 sigma=0.093``; baseline and re-run
+    trials say so (``... baseline seed+1``)."""
+    keys = list(values)
+    summary = " ".join(f"{short_key(k, keys)}={short_value(v)}" for k, v in values.items())
+    extra = " ".join(x for x in (role, f"seed+{seed_offset}" if seed_offset else "") if x)
+    return " ".join(x for x in (f"{sweep}-{trial_id}", extra, summary) if x)
 
 
 def grid_trials(spec: SweepSpec) -> list[dict[str, Any]]:

@@ -30,6 +30,11 @@ PAPER_REF_TAG = "ulorl.paper_ref"
 SWEEP_TAG = "ulorl.sweep"
 TRIAL_TAG = "ulorl.trial_id"
 VARIANT_TAG = "ulorl.variant"
+# Role of a sweep trial: "search" (proposed by the searcher), "baseline" (the spec's baseline,
+# outside the searcher) or "rerun" (a trial re-run on another seed). Only "search" trials enter
+# importance statistics.
+ROLE_TAG = "ulorl.trial_role"
+SEED_TAG = "ulorl.seed_offset"
 PARENT_TAG = "mlflow.parentRunId"
 BENCHMARK_TAG = "ulorl.benchmark"
 MODEL_TAG = "ulorl.model"

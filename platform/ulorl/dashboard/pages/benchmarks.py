@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ulorl.dashboard import charts, frames, paper_ref, ui
+from ulorl.dashboard import cache, charts, frames, paper_ref, ui
+from ulorl.tracking import schema
 
 NONE = "(none)"
-PERCENT_COLS = ("avg_at_k", "pass_at_k", "ci_low", "ci_high", "delta_avg", "delta_pass")
+PERCENT_COLS = ("avg_at_k", "pass_at_k", "ci_low", "ci_high", "delta_avg", "delta_pass", "diff", "diff_low",
+                "diff_high")
+
+
+def default_baseline(runs, run_ids: list[str]) -> int:
+    """Index (in ``[NONE] + run_ids``) of the first run tagged as a sweep baseline, else 0."""
+    col = f"tags.{schema.ROLE_TAG}"
+    if col not in runs:
+        return 0
+    roles = dict(zip(runs["run_id"], runs[col]))
+    return next((i + 1 for i, r in enumerate(run_ids) if roles.get(r) == "baseline"), 0)
 
 
 def render() -> None:
@@ -30,9 +41,14 @@ def render() -> None:
         st.info("Select runs and benchmarks above.")
     else:
         names = ui.run_names(with_results)
-        baseline = c1.selectbox("Baseline run for deltas", [NONE] + list(dict.fromkeys(shown["run_id"])),
-                                key="bench_baseline", format_func=lambda r: names.get(r, r))
-        out = frames.benchmark_deltas(shown, None if baseline == NONE else baseline)
+        ids = list(dict.fromkeys(shown["run_id"]))
+        baseline = c1.selectbox("Baseline run for deltas", [NONE] + ids, key="bench_baseline",
+                                index=default_baseline(with_results, ids), format_func=lambda r: names.get(r, r))
+        base_id = None if baseline == NONE else baseline
+        out = frames.benchmark_deltas(shown, base_id)
+        uri = ui.tracking_uri()
+        scores = {(r, b): cache.per_problem(uri, r, b) for r, b in zip(out["run_id"], out["bench"])} if base_id else {}
+        out = frames.paired_deltas(out, base_id, scores)
         pct = out.copy()
         for col in PERCENT_COLS:
             pct[col] = pct[col] * 100.0
@@ -43,6 +59,16 @@ def render() -> None:
         st.altair_chart(charts.benchmark_chart(pct), width="stretch", key="bench_chart")
         st.caption("Bars: avg@k (%); whiskers: the confidence interval logged by ulorl-eval "
                    "(`ci_low` / `ci_high`, a bootstrap over problems).")
+        if base_id:
+            st.subheader("Difference vs baseline (paired on the same problems)")
+            diffs = pct.dropna(subset=["diff"])
+            if diffs.empty:
+                st.info("No per-problem results to pair with the baseline (`eval/<bench>_per_problem*.csv`).")
+            else:
+                st.altair_chart(charts.difference_chart(diffs), width="stretch", key="bench_diff_chart")
+                st.caption("Point: mean per-problem accuracy difference (run - baseline, % points) on the problems "
+                           "both were evaluated on; bar: its 95 % paired bootstrap interval over problems. It "
+                           "does not include training-seed noise: compare re-runs on other seeds too.")
 
     st.subheader("Paper Table 2 (avg@32, %)")
     st.dataframe(paper_ref.table2(), hide_index=True, key="bench_paper2")

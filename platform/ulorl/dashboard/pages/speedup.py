@@ -8,7 +8,8 @@ import streamlit as st
 
 from ulorl.dashboard import cache, charts, frames, paper_ref, ui
 
-SPEED_METRICS = ("time/step_s", "rollout/finished")
+SPEED_METRICS = ("time/step_s", "rollout/finished", "train/samples")
+WINDOWS = {"steady": "steady state: each run's steps after its first S", "all": "all steps (includes the warm-up)"}
 
 
 def render() -> None:
@@ -30,8 +31,21 @@ def render() -> None:
     group = st.selectbox("Sweep (or experiment config for runs outside a sweep)", options, key="speedup_group")
     members = train[groups == group]
 
+    window = st.radio("Window", list(WINDOWS), key="speedup_window", horizontal=True, format_func=WINDOWS.get,
+                      help="With S segments the pools fill (and the samples trained per step settle) only after "
+                           "S steps; timing the warm-up flatters large S.")
     hist = cache.histories(uri, tuple(members["run_id"]), SPEED_METRICS)
-    stats = frames.rollout_stats(hist)
+    segs = pd.to_numeric(members[seg_col], errors="coerce").fillna(0).astype(int)
+    skip = dict(zip(members["run_id"], segs)) if window == "steady" else None
+    stats = frames.rollout_stats(hist, skip)
+    short = stats[stats["steps"] == 0]
+    stats = stats[stats["steps"] > 0]
+    st.caption(f"Window: {WINDOWS[window]}. Budget: per run, its own logged steps; throughput columns are "
+               "per second of step time (finished = rollout/finished, trained = train/samples), so runs of "
+               "different length and S compare at equal time, not equal steps.")
+    if len(short):
+        st.warning(f"{len(short)} run(s) have no step in the window (too short for their S): "
+                   + ", ".join(frames.labels_of(members).get(r, r) for r in short["run_id"]))
     table = frames.speedup_table(stats, members)
     if table.empty:
         ui.empty_state(f"The runs of `{group}` logged no `time/step_s` yet.", ui.SEGMENTS_HINT)
@@ -45,6 +59,7 @@ def render() -> None:
         st.dataframe(table, hide_index=True, key="speedup_table", column_config={
             "median_step_s": st.column_config.NumberColumn("median s/step", format="%.3f"),
             "finished_per_s": st.column_config.NumberColumn("finished/s", format="%.2f"),
+            "trained_per_s": st.column_config.NumberColumn("trained samples/s", format="%.2f"),
             "step_speedup": st.column_config.NumberColumn("step speedup (x)", format="%.2f"),
             "throughput_x": st.column_config.NumberColumn("throughput (x)", format="%.2f"),
         })
@@ -64,7 +79,7 @@ def render() -> None:
         st.caption(f"{setting.get('model')}, {setting.get('max_response_len')} token outputs. "
                    f"{paper_ref.CITATION}.")
     with st.expander("Per run"):
-        names = dict(zip(members["run_id"], members["run_name"]))
+        names = frames.labels_of(members)
         per_run = stats.assign(run=stats["run_id"].map(names))
         meta = members[["run_id", seg_col]].rename(columns={seg_col: "segments"})
         bat = frames.param_col("rollout.batching")

@@ -11,8 +11,12 @@ import pandas as pd
 import streamlit as st
 
 from ulorl.dashboard import charts, frames, ui
+from ulorl.tracking import schema
 
 OPTUNA_ENV = "ULORL_OPTUNA_STORAGE"
+# Below this many finished search trials importance numbers are mostly noise (ties, 4-point
+# rank correlations): the page says so instead of drawing bars.
+MIN_TRIALS_FOR_IMPORTANCE = 8
 OBJECTIVE_PREFERENCE = (
     "best.eval/heldout/avg_at_k", "metrics.eval/heldout/avg_at_k", "best.train/reward_mean",
     "metrics.train/reward_mean",
@@ -28,11 +32,51 @@ def objective_columns(trials: pd.DataFrame, declared: Optional[str] = None) -> l
     return first + sorted(c for c in cols if c not in first)
 
 
-def sweep_parent(runs: pd.DataFrame, group: str) -> Optional[pd.Series]:
-    """The sweep parent run of a group (kind sweep, ulorl.sweep tag or name == group), if any."""
-    parents = runs[(runs["kind"] == "sweep")
-                   & ((runs.get("sweep_tag") == group) | (runs["run_name"] == group))]
-    return parents.iloc[0] if len(parents) else None
+def sweep_options(runs: pd.DataFrame, train: pd.DataFrame) -> list[str]:
+    """What the page can show, newest first: sweep parent run ids (each run of a sweep is its own
+    entry, even when several share the sweep's name), then ``config: <yaml stem>`` groups of two
+    or more training runs outside any sweep."""
+    parents = runs[runs["kind"] == "sweep"]
+    if "start_time" in parents:
+        parents = parents.sort_values("start_time", ascending=False, kind="stable")
+    with_trials = set(train["parent_run_id"].dropna())
+    out = [r for r in parents["run_id"] if r in with_trials]
+    loose = train[~train["parent_run_id"].isin(list(parents["run_id"]))]
+    groups = frames.sweep_groups(loose.assign(sweep=None))
+    sizes = groups.value_counts()
+    out += sorted(g for g in sizes[sizes >= 2].index)
+    return out
+
+
+def option_label(runs: pd.DataFrame, train: pd.DataFrame, option: str) -> str:
+    """``mpt_threshold · 2026-12-01 10:12 · 8ffbe956 (4 trials)`` for a parent run; groups as is."""
+    row = runs[runs["run_id"] == option]
+    if row.empty:
+        return option
+    r = row.iloc[0]
+    name = r.get("sweep_tag") if isinstance(r.get("sweep_tag"), str) and r.get("sweep_tag") else r["run_name"]
+    start = r.get("start_time")
+    when = start.strftime("%Y-%m-%d %H:%M:%S") if isinstance(start, pd.Timestamp) else "?"
+    n = int((train["parent_run_id"] == option).sum())
+    return f"{name} · {when} · {option[:8]} ({n} trials)"
+
+
+def trials_of(runs: pd.DataFrame, train: pd.DataFrame, option: str) -> tuple[pd.DataFrame, Optional[pd.Series]]:
+    """(training runs of the chosen sweep run or config group, the sweep parent row or None)."""
+    row = runs[runs["run_id"] == option]
+    if not row.empty:
+        return train[train["parent_run_id"] == option], row.iloc[0]
+    parents = set(runs.loc[runs["kind"] == "sweep", "run_id"])
+    loose = train[~train["parent_run_id"].isin(list(parents))]
+    return loose[frames.sweep_groups(loose.assign(sweep=None)) == option], None
+
+
+def search_trials(trials: pd.DataFrame) -> pd.DataFrame:
+    """Trials proposed by the searcher: baseline and re-run trials (tag ``ulorl.trial_role``) left out."""
+    col = f"tags.{schema.ROLE_TAG}"
+    if col not in trials:
+        return trials
+    return trials[trials[col].isna() | (trials[col] == "search")]
 
 
 def parent_hints(parent: Optional[pd.Series]) -> dict[str, Any]:
@@ -67,6 +111,17 @@ def optuna_importance(storage: str, study_name: str) -> pd.DataFrame:
 
 
 @st.cache_data(ttl=60, show_spinner=False)
+def optuna_summary(storage: str, study_name: str) -> tuple[int, Optional[float]]:
+    """(completed trials, best value) of a single-objective study."""
+    import optuna
+
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    best = study.best_value if done and len(study.directions) == 1 else None
+    return len(done), best
+
+
+@st.cache_data(ttl=60, show_spinner=False)
 def optuna_studies(storage: str) -> list[str]:
     import optuna
 
@@ -79,14 +134,14 @@ def render() -> None:
     train = ui.of_kind(runs, "train")
     if train.empty:
         ui.empty_state("No sweep trials in this store yet.", ui.SWEEP_HINT)
-    groups = frames.sweep_groups(train)
-    sizes = groups.value_counts()
-    options = sorted(sizes[sizes >= 2].index, key=lambda g: (g.startswith("config: "), g))
+    options = sweep_options(runs, train)
     if not options:
         ui.empty_state("No sweep (or experiment config) with two or more training runs yet.", ui.SWEEP_HINT)
-    group = st.selectbox("Sweep (or experiment config for runs outside a sweep)", options, key="sweep_group")
-    trials = train[groups == group]
-    hints = parent_hints(sweep_parent(runs, group))
+    option = st.selectbox("Sweep run (newest first; or experiment config for runs outside a sweep)", options,
+                          key="sweep_group", format_func=lambda o: option_label(runs, train, o))
+    trials, parent = trials_of(runs, train, option)
+    hints = parent_hints(parent)
+    group = option
 
     objectives = objective_columns(trials, hints.get("metric"))
     if not objectives:
@@ -113,12 +168,21 @@ def render() -> None:
                    "(categories evenly spaced); hover for raw values.")
 
     st.subheader("Parameter importance")
+    searched_trials = search_trials(trials)
+    finished = searched_trials[(searched_trials["status"] == "FINISHED") & searched_trials[objective].notna()]
+    enough = len(finished) >= MIN_TRIALS_FOR_IMPORTANCE
+    if not enough:
+        st.info(f"Importance bars are hidden: {len(finished)} finished search trial(s), fewer than "
+                f"{MIN_TRIALS_FOR_IMPORTANCE}. With so few (often tied) trials a rank correlation or fANOVA "
+                "score looks like a signal without being one (the numbers below are for reference only); "
+                "compare trials against the baseline on the Benchmarks page (difference vs baseline) or in "
+                "the sweep's `sweep/ranking.csv`.")
     left, right = st.columns(2)
     with left:
-        imp = frames.param_importance(trials, params, objective)
-        if imp["spearman"].notna().any():
+        imp = frames.param_importance(finished, params, objective)
+        if enough and imp["spearman"].notna().any():
             st.altair_chart(charts.importance_chart(imp), width="stretch", key="sweep_importance")
-        else:
+        elif enough:
             st.info("Spearman correlation needs at least 3 trials with a varying parameter and objective.")
         st.dataframe(imp, hide_index=True, key="sweep_importance_table")
     with right:
@@ -134,22 +198,30 @@ def render() -> None:
                     study = hints.get("study")
                     name = st.selectbox("Study", studies, key=f"sweep_study_{group}",
                                         index=studies.index(study) if study in studies else 0)
+                    n_trials, best = optuna_summary(storage, name)
+                    own = " from this sweep run's study" if hints.get("optuna_storage") == storage else ""
+                    st.caption(f"Optuna study `{name}`{own}: {n_trials} trials, best {best:.4g}"
+                               if best is not None else f"Optuna study `{name}`{own}: {n_trials} trials")
                     oimp = optuna_importance(storage, name)
-                    st.altair_chart(charts.importance_chart(oimp, "importance", "Optuna importance"),
-                                    width="stretch", key="sweep_optuna_chart")
+                    if enough:
+                        st.altair_chart(charts.importance_chart(oimp, "importance", "Optuna importance"),
+                                        width="stretch", key="sweep_optuna_chart")
+                    st.dataframe(oimp, hide_index=True, key="sweep_optuna_table")
             except Exception as exc:  # a wrong URL or a study too small for importance
                 st.warning(f"Optuna importance unavailable: {type(exc).__name__}: {exc}")
         else:
             st.caption(f"Give an Optuna storage URL (or set ${OPTUNA_ENV}) to add Optuna's fANOVA importance.")
 
-    st.subheader("Optimization history")
-    hist = frames.optimization_history(trials, objective, mode)
+    st.subheader("Optimization history (search trials)")
+    hist = frames.optimization_history(search_trials(trials), objective, mode)
     if hist.empty:
         st.info(f"No trial logged `{title}` yet.")
     else:
         st.altair_chart(charts.history_chart(hist, title), width="stretch", key="sweep_history")
     with st.expander("Trials"):
-        cols = ["run_name", "status"] + [frames.param_col(p) for p in params] + [objective]
+        trials = trials.assign(run=frames.label_series(trials))
+        role = f"tags.{schema.ROLE_TAG}"
+        cols = ["run", "run_id", "status"] + ([role] if role in trials else []) + [frames.param_col(p) for p in params] + [objective]
         st.dataframe(trials[[c for c in cols if c in trials]], hide_index=True, key="sweep_trials")
 
 

@@ -6,14 +6,22 @@
     ulorl-data stats                              # length distribution + accuracy by length (table)
     ulorl-data stats --json --n 256 --seed 0      # the same as one JSON object on stdout
     ulorl-data sample --n 3                       # print a few task items with their solutions
+    ulorl-data warmstart --profile choice --out platform/ulorl/assets/embedded_choice   # the second profile
+    ulorl-data stats --profile choice --json      # its stats (sampling_entropy, accuracy_by_length)
+
+Profiles (--profile): default = embedded (running sums, one solution, the fast default);
+choice = embedded:choice (distinct two-digit terms, free grouping and line forms or a short guess;
+max response length 256).
 
 Subcommands:
   warmstart  short supervised pass on the task until held-out accuracy (temperature 0.85) reaches
              the target; cached under $ULORL_CACHE_DIR/warmstart/<config hash> (default
              ~/.cache/ulorl); --out copies the result (weights, config, tokenizer) to a folder.
-  stats      token lengths of reference solutions (p50/p90/p99/max/mean) over N held-out items
-             and the model's held-out accuracy at rollout sampling settings (temperature 0.85,
-             top_p 1.0, no top_k, max 512 new tokens) by reference-length bucket.
+  stats      token lengths of reference solutions (p50/p90/p99/max/mean) over N held-out items,
+             the entropy per token of the warm-start targets (target_entropy), and the model's
+             held-out accuracy at rollout sampling settings (temperature 0.85, top_p 1.0, no
+             top_k, the profile's max response length) by reference-length bucket, with its mean
+             sampling entropy per response token (sampling_entropy, nats).
   sample     show generated task items (prompt, reference solution, answer).
 """
 
@@ -25,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from ulorl.data.profiles import profile_names
 
 
 class DataCliError(Exception):
@@ -45,13 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("warmstart", help="build (or reuse) the warm-started embedded model",
                        description="Supervised warm start of the embedded tiny Qwen3 on the synthetic task; "
                                    "stops when held-out accuracy reaches --target-acc.")
+    w.add_argument("--profile", choices=profile_names(), default="default",
+                   help="embedded profile to build (default: default; 'choice' is embedded:choice)")
     w.add_argument("--out", default=None, help="also copy the result to this folder (e.g. platform/ulorl/assets/embedded)")
     w.add_argument("--force", action="store_true", help="rebuild even if a cached build with this config exists")
     w.add_argument("--seed", type=int, default=None, help="training seed (default 0)")
-    w.add_argument("--target-acc", type=float, default=None, help="stop at this held-out accuracy (default 0.35)")
-    w.add_argument("--max-steps", type=int, default=None, help="optimizer-step guard (default 3000)")
-    w.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default 50)")
+    w.add_argument("--target-acc", type=float, default=None,
+                   help="stop at this held-out accuracy (default 0.35; choice 0.4 and >= 0.25 in every length bucket)")
+    w.add_argument("--max-steps", type=int, default=None, help="optimizer-step guard (default 3000; choice 6000)")
+    w.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default 50; choice 100)")
     w.add_argument("--threads", type=int, default=None, help="torch threads (default min(2, cores))")
+    w.add_argument("--checkpoints", action="store_true",
+                   help="keep every evaluated model (with its eval.json) under <cache folder>.partial/")
     w.add_argument("--quiet", action="store_true", help="no progress output")
     w.add_argument("--json", action="store_true", help="print the manifest as one JSON object on stdout")
 
@@ -60,9 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "accuracy at rollout sampling settings, by length bucket.")
     s.add_argument("--n", type=int, default=256, help="held-out items (default 256)")
     s.add_argument("--seed", type=int, default=0, help="held-out split seed (default 0); sampling uses it too")
-    s.add_argument("--model", default="embedded", help="model to evaluate: 'embedded' (shipped), a folder or HF id")
+    s.add_argument("--profile", choices=profile_names(), default="default",
+                   help="embedded profile: its task's held-out split and, unless --model, its shipped model")
+    s.add_argument("--model", default=None,
+                   help="model to evaluate: default the profile's shipped model ('embedded' / 'embedded:<profile>'), "
+                        "or a folder or HF id")
     s.add_argument("--no-accuracy", action="store_true", help="lengths only (no model sampling)")
-    s.add_argument("--max-new-tokens", type=int, default=512, help="global max response length (default 512)")
+    s.add_argument("--max-new-tokens", type=int, default=None,
+                   help="global max response length (default: the profile's, 512 default / 256 choice)")
     s.add_argument("--temperature", type=float, default=0.85)
     s.add_argument("--top-p", type=float, default=1.0)
     s.add_argument("--batch-size", type=int, default=64)
@@ -70,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
 
     e = sub.add_parser("sample", help="print a few task items")
+    e.add_argument("--profile", choices=profile_names(), default="default", help="embedded profile (default: default)")
     e.add_argument("--split", choices=["train", "heldout"], default="heldout")
     e.add_argument("--n", type=int, default=3)
     e.add_argument("--seed", type=int, default=0)
@@ -81,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
-    from ulorl.models.warmstart import WarmStartConfig, ensure_warmstart, warmstart_dir, with_overrides
+    from ulorl.models.warmstart import ensure_warmstart, profile_config, warmstart_dir, with_overrides
 
     if args.target_acc is not None and not 0.0 < args.target_acc <= 1.0:
         raise DataCliError(f"--target-acc must be in (0, 1], got {args.target_acc}")
@@ -89,8 +110,9 @@ def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise DataCliError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
-    cfg = with_overrides(WarmStartConfig(), seed=args.seed, target_acc=args.target_acc,
-                         max_steps=args.max_steps, eval_every=args.eval_every, threads=args.threads)
+    cfg = with_overrides(profile_config(args.profile), seed=args.seed, target_acc=args.target_acc,
+                         max_steps=args.max_steps, eval_every=args.eval_every, threads=args.threads,
+                         checkpoints=args.checkpoints or None)
     t0 = time.time()
     cache = warmstart_dir(cfg)
     if not args.quiet:
@@ -128,34 +150,62 @@ def _reward_fn():
         return (lambda text, ref, truncated: float((not truncated) and is_correct(text, ref))), "exact boxed integer"
 
 
-def compute_stats(n: int, seed: int, model_name: Optional[str], max_new_tokens: int = 512,
+def _target_entropy(profile: str, items: list, tok, draws: int = 4, seed: int = 0) -> float:
+    """Entropy per token (nats) of the warm-start target law on ``items``: mean ``-log p`` of the
+    choices behind ``draws`` sampled targets per item over their tokens (EOS included)."""
+    import random
+
+    from ulorl.data.profiles import get_profile
+
+    prof = get_profile(profile)
+    rng = random.Random(seed)
+    nats, ntok = 0.0, 0
+    for it in items:
+        for _ in range(draws):
+            text, h = prof.training_solution(it, rng)
+            nats += h
+            ntok += len(tok(text, add_special_tokens=False)["input_ids"]) + 1
+    return nats / max(ntok, 1)
+
+
+def compute_stats(n: int, seed: int, model_name: Optional[str], max_new_tokens: Optional[int] = None,
                   temperature: float = 0.85, top_p: float = 1.0, batch_size: int = 64,
-                  threads: Optional[int] = None, progress: bool = True) -> dict[str, Any]:
-    """Length percentiles of ``n`` held-out references and (if ``model_name``) accuracy by length bucket."""
+                  threads: Optional[int] = None, progress: bool = True, profile: str = "default") -> dict[str, Any]:
+    """Length percentiles of ``n`` held-out references of ``profile``, the target law's entropy and
+    (if ``model_name``) accuracy by length bucket and mean sampling entropy per response token.
+
+    ``max_new_tokens`` defaults to the profile's max response length (default 512, choice 256).
+    """
     import os
 
     import torch
 
-    from ulorl.data.task import bucket_labels, length_bucket, make_split, reference_solution
+    from ulorl.data.profiles import get_profile
+    from ulorl.data.task import bucket_labels, length_bucket, reference_solution
     from ulorl.models.loading import load_policy, load_tokenizer
+    from ulorl.models.tokenizer import build_tokenizer
 
     torch.set_num_threads(threads or min(2, os.cpu_count() or 1))
-    items = make_split("heldout", n, seed=seed)
-    tok = load_tokenizer(model_name or "embedded")
+    prof = get_profile(profile)
+    max_new_tokens = max_new_tokens or prof.max_response_len
+    items = prof.split("heldout", n, seed=seed)
+    tok = load_tokenizer(model_name) if model_name else build_tokenizer()  # the shipped tokenizer, built in code
     lens = [len(tok(reference_solution(it), add_special_tokens=False)["input_ids"]) + 1 for it in items]  # + EOS
-    labels = bucket_labels()
+    labels = bucket_labels(prof.length_edges)
     counts = {b: 0 for b in labels}
     for L in lens:
-        counts[length_bucket(L)] += 1
+        counts[length_bucket(L, prof.length_edges)] += 1
     out: dict[str, Any] = {
-        "n": n, "seed": seed, "split": "heldout", "length_unit": "tokens (reference solution + EOS)",
+        "profile": profile, "n": n, "seed": seed, "split": "heldout",
+        "length_unit": "tokens (reference solution + EOS)",
         "length_percentiles": _percentiles(lens), "bucket_counts": counts,
+        "target_entropy": round(_target_entropy(profile, items, tok, seed=seed), 4),
     }
     if model_name is None:
         return out
     model, tok = load_policy(model_name)
     reward, reward_name = _reward_fn()
-    from ulorl.models.warmstart import generate_responses
+    from ulorl.models.warmstart import sample_responses
 
     order = sorted(range(n), key=lambda i: lens[i])
     t0 = time.time()
@@ -166,20 +216,26 @@ def compute_stats(n: int, seed: int, model_name: Optional[str], max_new_tokens: 
         if progress:
             _log(f"sampled {done[0]}/{n} responses ({time.time() - t0:.0f}s)")
 
-    res = generate_responses(model, tok, [items[i].prompt for i in order], max_new_tokens, temperature, top_p,
-                             batch_size=batch_size, seed=seed, on_batch=on_batch)
+    res = sample_responses(model, tok, [items[i].prompt for i in order], max_new_tokens, temperature, top_p,
+                           batch_size=batch_size, seed=seed, on_batch=on_batch)
     correct = [0.0] * n
-    truncated = 0
-    for i, (text, hit_eos) in zip(order, res):
-        correct[i] = reward(text, items[i].answer, not hit_eos)
-        truncated += not hit_eos
+    resp_len = [0] * n
+    truncated, ent, ntok = 0, 0.0, 0
+    for i, r in zip(order, res):
+        correct[i] = reward(r.text, items[i].answer, not r.hit_eos)
+        resp_len[i] = r.n_tokens
+        truncated += not r.hit_eos
+        ent += r.entropy_sum
+        ntok += r.n_tokens
     by: dict[str, list[float]] = {b: [] for b in labels}
     for L, c in zip(lens, correct):
-        by[length_bucket(L)].append(c)
+        by[length_bucket(L, prof.length_edges)].append(c)
     out.update({
         "model": model_name,
         "accuracy": sum(correct) / max(n, 1),
         "accuracy_by_length": {b: (sum(v) / len(v) if v else None) for b, v in by.items()},
+        "sampling_entropy": ent / max(ntok, 1),
+        "response_length_percentiles": _percentiles(resp_len),
         "truncated": truncated,
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": -1, "max_new_tokens": max_new_tokens},
         "verifier": reward_name,
@@ -194,7 +250,8 @@ def print_stats_table(st: dict[str, Any]) -> None:
 
     con = Console()
     lp = st["length_percentiles"]
-    t = Table(title=f"reference solution length in tokens ({st['n']} held-out items, seed {st['seed']})")
+    t = Table(title=f"reference solution length in tokens ({st['n']} held-out items of profile "
+                    f"{st['profile']}, seed {st['seed']})")
     for c in ("p50", "p90", "p99", "max", "mean"):
         t.add_column(c, justify="right")
     t.add_row(*(f"{lp[c]:g}" for c in ("p50", "p90", "p99", "max", "mean")))
@@ -215,14 +272,16 @@ def print_stats_table(st: dict[str, Any]) -> None:
     if "accuracy" in st:
         t2.add_row("all", str(st["n"]), f"{st['accuracy']:.3f}", style="bold")
     con.print(t2)
+    con.print(f"warm-start targets: {st['target_entropy']:.3f} nats/token of choice")
     if "accuracy" in st:
-        con.print(f"verifier: {st['verifier']}; truncated: {st['truncated']}; sampling took {st['sampling_s']}s")
+        con.print(f"sampling entropy: {st['sampling_entropy']:.3f} nats/token; verifier: {st['verifier']}; "
+                  f"truncated: {st['truncated']}; sampling took {st['sampling_s']}s")
 
 
 def cmd_stats(args: argparse.Namespace) -> dict[str, Any]:
     if args.n < 1:
         raise DataCliError(f"--n must be >= 1, got {args.n}")
-    if args.max_new_tokens < 1:
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise DataCliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not 0.0 < args.top_p <= 1.0:
         raise DataCliError(f"--top-p must be in (0, 1], got {args.top_p}")
@@ -231,8 +290,9 @@ def cmd_stats(args: argparse.Namespace) -> dict[str, Any]:
     from ulorl.models.loading import ModelLoadError
 
     try:
-        return compute_stats(args.n, args.seed, None if args.no_accuracy else args.model, args.max_new_tokens,
-                             args.temperature, args.top_p, args.batch_size, args.threads)
+        model = args.model or ("embedded" if args.profile == "default" else f"embedded:{args.profile}")
+        return compute_stats(args.n, args.seed, None if args.no_accuracy else model, args.max_new_tokens,
+                             args.temperature, args.top_p, args.batch_size, args.threads, profile=args.profile)
     except ModelLoadError as exc:
         raise DataCliError(str(exc)) from None
 
@@ -241,11 +301,12 @@ def cmd_stats(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_sample(args: argparse.Namespace) -> dict[str, Any]:
-    from ulorl.data.task import make_split, reference_solution
+    from ulorl.data.profiles import get_profile
+    from ulorl.data.task import reference_solution
 
     if args.n < 0:
         raise DataCliError(f"--n must be >= 0, got {args.n}")
-    items = make_split(args.split, args.n, seed=args.seed)
+    items = get_profile(args.profile).split(args.split, args.n, seed=args.seed)
     return {"items": [{"id": it.id, "prompt": it.prompt, "solution": reference_solution(it), "answer": it.answer,
                        "num_terms": it.meta["num_terms"]} for it in items]}
 

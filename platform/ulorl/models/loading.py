@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from ulorl.data.profiles import parse_embedded
+
 EMBEDDED = "embedded"
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -24,19 +26,24 @@ class ModelLoadError(RuntimeError):
     """A model or tokenizer could not be loaded; the message names the path or id."""
 
 
-def embedded_model_dir() -> Path:
-    """Folder of the shipped warm-started embedded model (weights, config, tokenizer)."""
-    return Path(__file__).resolve().parent.parent / "assets" / "embedded"
+def embedded_model_dir(profile: str = "default") -> Path:
+    """Folder of a shipped warm-started embedded model (weights, config, tokenizer)."""
+    asset = parse_embedded(f"{EMBEDDED}:{profile}").asset_dir
+    return Path(__file__).resolve().parent.parent / "assets" / asset
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """``"embedded"`` -> the shipped asset folder; anything else unchanged (path or HF id)."""
-    if name_or_path == EMBEDDED:
-        d = embedded_model_dir()
+    """``"embedded"`` / ``"embedded:<profile>"`` -> the shipped asset folder; anything else unchanged."""
+    try:
+        prof = parse_embedded(name_or_path)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if prof is not None:
+        d = embedded_model_dir(prof.name)
         if not (d / "config.json").is_file():
             raise ModelLoadError(
                 f"the embedded model is missing from {d}; build it with "
-                f"`ulorl-data warmstart --out {d}`"
+                f"`ulorl-data warmstart --profile {prof.name} --out {d}`"
             )
         return str(d)
     return name_or_path
@@ -74,7 +81,7 @@ def load_policy(
     if dtype not in _DTYPES:
         raise ModelLoadError(f"model.dtype must be one of {_DTYPES}, got {dtype!r}")
     path = resolve_model_path(name_or_path)
-    if name_or_path != EMBEDDED and os.path.sep in name_or_path and not Path(path).exists():
+    if path == name_or_path and os.path.sep in name_or_path and not Path(path).exists():
         raise ModelLoadError(f"model path does not exist: {path}")
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -29,9 +29,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
 
-from ulorl.data.task import DEFAULT_SPEC, TaskSpec, is_correct, iter_split, make_split, reference_solution
+from ulorl.data.profiles import TaskProfile, get_profile
+from ulorl.data.task import (
+    DEFAULT_SPEC, LENGTH_EDGES, TaskSpec, bucket_labels, is_correct, length_bucket, make_split, reference_solution,
+)
+from ulorl.data.task_choice import CHOICE_SPEC, ChoiceSpec
 from ulorl.data.types import PromptItem
 from ulorl.models.tiny import DEFAULT_TINY, TinySpec, build_tiny_model, count_parameters
 from ulorl.models.tokenizer import CORPUS_SEED, CORPUS_SIZE, DEFAULT_VOCAB_SIZE, build_tokenizer
@@ -62,14 +66,21 @@ class WarmStartConfig:
     max_steps: int = 3000
     temperature: float = 0.85
     top_p: float = 1.0
-    task: TaskSpec = DEFAULT_SPEC
+    task: Union[TaskSpec, ChoiceSpec] = DEFAULT_SPEC
     tiny: TinySpec = DEFAULT_TINY
     vocab_size: int = DEFAULT_VOCAB_SIZE
+    profile: str = "default"        # embedded profile whose task trains (ulorl.data.profiles)
+    min_bucket_acc: float = 0.0     # also require this held-out accuracy in every reference-length bucket
     threads: Optional[int] = field(default=None, compare=False)
+    checkpoints: bool = field(default=False, compare=False)  # keep each evaluated model in <out>.partial/
 
     def key_dict(self) -> dict:
         d = asdict(self)
         d.pop("threads")
+        d.pop("checkpoints")
+        if self.profile == "default":  # fields added with the second profile: the default's key is unchanged
+            d.pop("profile")
+            d.pop("min_bucket_acc")
         d["code_version"] = CODE_VERSION
         d["tokenizer_corpus"] = [CORPUS_SEED, CORPUS_SIZE]
         return d
@@ -77,6 +88,17 @@ class WarmStartConfig:
     def cache_key(self) -> str:
         blob = json.dumps(self.key_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def profile_config(profile: str = "default") -> WarmStartConfig:
+    """The shipped warm-start recipe of an embedded profile."""
+    get_profile(profile)
+    if profile == "default":
+        return WarmStartConfig()
+    # choice: smaller steps (more updates in the same CPU time), stop once every length bucket is
+    # solved often enough; its targets carry ~0.145 nats/token of choice (measured, see stats)
+    return WarmStartConfig(profile="choice", task=CHOICE_SPEC, tokens_per_step=4096, eval_every=100,
+                           target_acc=0.4, min_bucket_acc=0.25, max_steps=6000)
 
 
 def cache_root() -> Path:
@@ -97,10 +119,11 @@ def is_complete(d: Path) -> bool:
 # ----------------------------------------------------------------------------- data
 
 
-def encode_example(tok, item: PromptItem) -> tuple[list[int], list[int]]:
-    """``(ids, loss_mask)`` of prompt + reference solution + EOS; mask is 1 on response tokens."""
+def encode_example(tok, item: PromptItem, solution: Optional[str] = None) -> tuple[list[int], list[int]]:
+    """``(ids, loss_mask)`` of prompt + solution (default: the reference) + EOS; mask is 1 on response tokens."""
     p = tok(item.prompt, add_special_tokens=False)["input_ids"]
-    r = tok(reference_solution(item), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    text = reference_solution(item) if solution is None else solution
+    r = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     return p + r, [0] * len(p) + [1] * len(r)
 
 
@@ -153,12 +176,15 @@ def batch_stream(tok, cfg: WarmStartConfig, pool_batches: int = 8) -> Iterator[B
     """
     import random
 
-    items = iter_split("train", cfg.seed, cfg.task)
+    prof = get_profile(cfg.profile)
+    items = prof.iter_split("train", cfg.seed, cfg.task)
     rng = random.Random(cfg.seed)
+    sol_rng = random.Random(cfg.seed + 1)  # the target law's choices (profiles with many solutions)
     while True:
         pool, total = [], 0
         while total < pool_batches * cfg.tokens_per_step:
-            ex = encode_example(tok, next(items))
+            item = next(items)
+            ex = encode_example(tok, item, prof.training_solution(item, sol_rng)[0])
             if len(ex[0]) > cfg.tokens_per_step:
                 raise ValueError(f"a task example of {len(ex[0])} tokens exceeds tokens_per_step")
             pool.append(ex)
@@ -183,6 +209,86 @@ def batch_loss(model, batch: Batch) -> torch.Tensor:
 # ----------------------------------------------------------------------------- sampling
 
 
+@dataclass
+class SampledResponse:
+    """One sampled response: decoded text (no EOS), whether EOS was sampled, the number of sampled
+    tokens (EOS included) and the sum over them of the sampling distribution's entropy (nats)."""
+
+    text: str
+    hit_eos: bool
+    n_tokens: int
+    entropy_sum: float
+
+
+def step_entropy(scores: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of softmax over processed scores [B, V] (``-inf`` = filtered out) -> [B]."""
+    import torch
+
+    logp = torch.log_softmax(scores.float(), dim=-1)
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+
+
+def sample_responses(
+    model,
+    tok,
+    prompts: Sequence[str],
+    max_new_tokens: int | Sequence[int] = 512,
+    temperature: float = 0.85,
+    top_p: float = 1.0,
+    batch_size: int = 64,
+    seed: int = 0,
+    on_batch: Optional[Callable[[int], None]] = None,
+) -> list[SampledResponse]:
+    """Sample one response per prompt with the entropy of every sampling step; prompt order kept.
+
+    Rollout settings by default (temperature 0.85, top_p 1.0, top_k off). The entropy is that of
+    the distribution actually sampled from (logits / T after top-p), summed over the response's
+    tokens up to and including EOS. ``max_new_tokens`` may be one value per prompt (a batch uses
+    its largest); a response that stops without EOS has ``hit_eos=False`` (truncated).
+    """
+    import torch
+
+    n = len(prompts)
+    caps = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    was_training = model.training
+    model.eval()
+    eos = tok.eos_token_id
+    out: list[SampledResponse] = []
+    gen = torch.Generator().manual_seed(seed)
+    try:
+        for s in range(0, n, batch_size):
+            chunk = list(prompts[s : s + batch_size])
+            cap = max(caps[s : s + batch_size])
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+            res = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=0,
+                max_new_tokens=cap,
+                eos_token_id=eos,
+                pad_token_id=tok.pad_token_id,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            new = res.sequences[:, enc["input_ids"].shape[1] :].tolist()
+            ent = torch.stack([step_entropy(sc) for sc in res.scores], dim=1)  # [B, steps]
+            for b, row in enumerate(new):
+                hit = eos in row
+                n_tok = row.index(eos) + 1 if hit else len(row)
+                text_ids = row[: n_tok - 1] if hit else row
+                out.append(SampledResponse(tok.decode(text_ids, skip_special_tokens=True), hit, n_tok,
+                                           float(ent[b, :n_tok].sum())))
+            if on_batch:
+                on_batch(len(chunk))
+    finally:
+        model.train(was_training)
+    return out
+
+
 def generate_responses(
     model,
     tok,
@@ -194,48 +300,9 @@ def generate_responses(
     seed: int = 0,
     on_batch: Optional[Callable[[int], None]] = None,
 ) -> list[tuple[str, bool]]:
-    """Sample one response per prompt; returns ``(text, hit_eos)`` in prompt order.
-
-    Rollout settings by default (temperature 0.85, top_p 1.0, top_k off). Prompts are batched
-    in the given order (pass them sorted by expected length to waste less compute);
-    ``max_new_tokens`` may be one value per prompt (a batch uses its largest). A response that
-    stops without EOS is returned with ``hit_eos=False`` (truncated).
-    """
-    import torch
-
-    n = len(prompts)
-    caps = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-    was_training = model.training
-    model.eval()
-    eos = tok.eos_token_id
-    out: list[tuple[str, bool]] = []
-    gen = torch.Generator().manual_seed(seed)
-    try:
-        for s in range(0, n, batch_size):
-            chunk = list(prompts[s : s + batch_size])
-            cap = max(caps[s : s + batch_size])
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-            enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
-            seqs = model.generate(
-                **enc,
-                do_sample=True,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=0,
-                max_new_tokens=cap,
-                eos_token_id=eos,
-                pad_token_id=tok.pad_token_id,
-            )
-            new = seqs[:, enc["input_ids"].shape[1] :].tolist()
-            for row in new:
-                hit = eos in row
-                row = row[: row.index(eos)] if hit else row
-                out.append((tok.decode(row, skip_special_tokens=True), hit))
-            if on_batch:
-                on_batch(len(chunk))
-    finally:
-        model.train(was_training)
-    return out
+    """``(text, hit_eos)`` of ``sample_responses`` (same sampling, same order)."""
+    res = sample_responses(model, tok, prompts, max_new_tokens, temperature, top_p, batch_size, seed, on_batch)
+    return [(r.text, r.hit_eos) for r in res]
 
 
 def heldout_accuracy(
@@ -256,6 +323,41 @@ def heldout_accuracy(
     for i, (text, hit) in zip(order, res):
         correct[i] = hit and is_correct(text, items[i].answer)
     return sum(correct) / max(len(items), 1), correct
+
+
+def heldout_eval(
+    model, tok, items: Sequence[PromptItem], temperature: float = 0.85, top_p: float = 1.0, seed: int = 0,
+    slack: float = 1.5, batch_size: int = 64, edges: Sequence[int] = LENGTH_EDGES,
+) -> dict[str, Any]:
+    """Accuracy, accuracy by reference-length bucket and mean sampling entropy per token on ``items``.
+
+    Same sampling and per-item caps as ``heldout_accuracy``; ``entropy`` is token-weighted over
+    every sampled response token (EOS included), ``acc_by_length`` is None for an empty bucket.
+    """
+    ref_len = [len(tok(reference_solution(it), add_special_tokens=False)["input_ids"]) + 1 for it in items]
+    order = sorted(range(len(items)), key=lambda i: ref_len[i])
+    caps = [int(slack * ref_len[i]) + 16 for i in order]
+    res = sample_responses(model, tok, [items[i].prompt for i in order], caps, temperature, top_p,
+                           batch_size=batch_size, seed=seed)
+    correct = [False] * len(items)
+    ent, ntok = 0.0, 0
+    for i, r in zip(order, res):
+        correct[i] = r.hit_eos and is_correct(r.text, items[i].answer)
+        ent += r.entropy_sum
+        ntok += r.n_tokens
+    by: dict[str, list[bool]] = {b: [] for b in bucket_labels(edges)}
+    for L, c in zip(ref_len, correct):
+        by[length_bucket(L, edges)].append(c)
+    return {"acc": sum(correct) / max(len(items), 1),
+            "acc_by_length": {b: (sum(v) / len(v) if v else None) for b, v in by.items()},
+            "entropy": ent / max(ntok, 1), "mean_len": ntok / max(len(items), 1)}
+
+
+def meets_targets(ev: dict[str, Any], cfg: WarmStartConfig) -> bool:
+    """Stopping rule: overall accuracy >= target and, if set, every non-empty bucket >= min_bucket_acc."""
+    if ev["acc"] < cfg.target_acc:
+        return False
+    return cfg.min_bucket_acc <= 0 or all(a >= cfg.min_bucket_acc for a in ev["acc_by_length"].values() if a is not None)
 
 
 # ----------------------------------------------------------------------------- training
@@ -319,8 +421,10 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
         lr=cfg.lr, betas=cfg.betas,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    eval_items = make_split("heldout", cfg.eval_n, seed=cfg.eval_seed, spec=cfg.task)
+    prof = get_profile(cfg.profile)
+    eval_items = prof.make_split("heldout", cfg.eval_n, seed=cfg.eval_seed, spec=cfg.task)
     stream = batch_stream(tok, cfg)
+    partial = Path(out_dir).with_name(Path(out_dir).name + ".partial")
     rep = _Reporter(cfg.max_steps, quiet)
     rep.log(f"{count_parameters(model):,} parameters, vocab {len(tok)}, {threads} threads, target acc {cfg.target_acc}")
     history: list[dict] = []
@@ -341,11 +445,19 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
             rep.step(step, f"loss {loss_ema:.3f} acc {acc:.2f}")
             if step % cfg.eval_every == 0 or step == cfg.max_steps:
                 te = time.time()
-                acc, _ = heldout_accuracy(model, tok, eval_items, cfg.temperature, cfg.top_p, seed=cfg.eval_seed + step)
-                history.append({"step": step, "loss": round(loss_ema, 4), "acc": acc,
+                if cfg.profile == "default":  # the default's recipe, unchanged
+                    acc, _ = heldout_accuracy(model, tok, eval_items, cfg.temperature, cfg.top_p, seed=cfg.eval_seed + step)
+                    ev = {"acc": acc}
+                else:
+                    ev = heldout_eval(model, tok, eval_items, cfg.temperature, cfg.top_p, seed=cfg.eval_seed + step,
+                                      edges=prof.length_edges)
+                    acc = ev["acc"]
+                history.append({"step": step, "loss": round(loss_ema, 4), **ev,
                                 "elapsed_s": round(time.time() - t0, 1), "eval_s": round(time.time() - te, 1)})
-                rep.log(f"step {step}: loss {loss_ema:.3f}, held-out acc {acc:.3f} (eval {time.time() - te:.1f}s)")
-                if acc >= cfg.target_acc:
+                rep.log(f"step {step}: loss {loss_ema:.3f}, held-out " + _fmt_eval(ev) + f" (eval {time.time() - te:.1f}s)")
+                if cfg.checkpoints:
+                    _save_checkpoint(model, tok, partial / f"step{step:05d}", history[-1])
+                if meets_targets(ev, cfg) if cfg.profile != "default" else acc >= cfg.target_acc:
                     status = "target_reached"
                     break
     finally:
@@ -381,6 +493,23 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
     tmp.rename(out_dir)
     rep.log(f"{status} after {step} steps, acc {acc:.3f}, {manifest['train_s']}s -> {out_dir}")
     return manifest
+
+
+def _fmt_eval(ev: dict[str, Any]) -> str:
+    out = f"acc {ev['acc']:.3f}"
+    if "entropy" in ev:
+        buckets = " ".join(f"{b}:{'-' if a is None else f'{a:.2f}'}" for b, a in ev["acc_by_length"].items())
+        out += f" [{buckets}] entropy {ev['entropy']:.3f} nats/token, mean len {ev['mean_len']:.1f}"
+    return out
+
+
+def _save_checkpoint(model, tok, folder: Path, record: dict) -> None:
+    """A loadable snapshot of the model under training (weights, tokenizer, its evaluation)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+    _portable_tokenizer_class(folder)
+    (folder / "eval.json").write_text(json.dumps(record, indent=2))
 
 
 def _portable_tokenizer_class(folder: Path) -> None:

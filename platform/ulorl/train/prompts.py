@@ -6,17 +6,17 @@ import random
 from typing import Any
 
 from ulorl.config import DataConfig
+from ulorl.data.profiles import parse_embedded
 from ulorl.data.types import PromptItem
 from ulorl.rollout.scheduler import PromptRequest
 
 
 def load_items(spec: str, data: DataConfig, split: str) -> list[PromptItem]:
-    """``embedded`` -> the synthetic task split; anything else -> ``resolve_dataset`` (path / name / HF id)."""
-    if spec == "embedded":
-        from ulorl.data.task import make_split
-
+    """``embedded[:<profile>]`` -> that synthetic task's split; anything else -> ``resolve_dataset``."""
+    profile = parse_embedded(spec)
+    if profile is not None:
         n = data.task.num_train if split == "train" else data.task.num_heldout
-        return make_split("train" if split == "train" else "heldout", n, seed=data.task.seed)
+        return profile.split("train" if split == "train" else "heldout", n, seed=data.task.seed)
     from ulorl.data.jsonl import resolve_dataset
 
     return resolve_dataset(spec, data.data_dir)

@@ -413,7 +413,8 @@ class Trainer:
         from ulorl.eval.runner import evaluate
 
         e = self.cfg.eval
-        bench = "heldout" if self.cfg.data.heldout == "embedded" else Path(self.cfg.data.heldout).stem
+        embedded = self.cfg.data.heldout.split(":")[0] == "embedded"  # any embedded profile
+        bench = "heldout" if embedded else Path(self.cfg.data.heldout).stem
         items = self.heldout_items[: e.num_problems] if e.num_problems else self.heldout_items
         sampling = SamplingParams(temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, seed=e.seed)
         result = evaluate(

@@ -1,0 +1,200 @@
+"""The ``choice`` embedded task: running sums where correct solutions differ (profile ``embedded:choice``).
+
+A problem is ``k`` distinct two-digit numbers, ``k`` long-tailed on [2, max_terms]. The response
+adds them left to right, but how it writes the work is free — every form is verifiably correct
+(the reward checks only the final ``\\boxed{}``)::
+
+    prompt:     "Add: 23+45+67+12\\n"
+    reference:  "23+45=68\\n68+67=135\\n135+12=147\\n\\boxed{147}"   (one term per line; sets the length bucket)
+    also right: "45+23+67=135\\n135+12=147\\n\\boxed{147}"           (a group of 2, running sum moved)
+                "23+45+67+12=147\\n\\boxed{147}"                       (everything at once)
+                "\\boxed{147}"                                         (a short guess)
+
+Choices of a derivation, each line: how many of the next terms to add (1..max_group, uniform),
+and the line's form: after the first line, with probability ``continue_prob`` a continuation
+``+67+12=214`` that leaves the running sum implicit, else a full line with the running sum at any
+of the g+1 operand slots (uniform). The terms keep prompt order, so "the term after the last one
+used" stays a simple pointer. Before the lines: derive or guess (``guess_prob``). Bigger groups and guesses are shorter and harder (more arithmetic in
+one step), so longer outputs are more accurate: the length-buys-accuracy trade-off of the paper.
+
+``sample_solution`` draws from this law (the warm start's targets) and returns the exact
+``-log p`` of the choices behind the draw, so the targets' entropy per token is measurable
+(``ulorl-data stats --profile choice`` prints it as ``target_entropy``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from dataclasses import asdict, dataclass
+from typing import Iterator, Sequence
+
+from ulorl.data.task import Split, is_correct, last_boxed_int  # noqa: F401  (re-exported: same checks)
+from ulorl.data.types import PromptItem
+
+SOURCE = "embedded:choice"
+
+
+@dataclass(frozen=True)
+class ChoiceSpec:
+    """Parameters of the ``choice`` generator (its fields enter the warm-start cache key)."""
+
+    min_terms: int = 2
+    max_terms: int = 18
+    alpha: float = 0.7           # P(k) ∝ (k-1)^-alpha: long-tailed, yet every length bucket is populated
+    low: int = 10                # term range, inclusive; the terms of a problem are distinct
+    high: int = 99
+    max_group: int = 3           # a line adds 1..max_group next terms
+    continue_prob: float = 0.5   # share of later lines written as a continuation "+x+y=r"
+    guess_prob: float = 0.2      # share of warm-start targets that are a bare boxed answer
+    heldout_modulus: int = 16
+    version: int = 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+CHOICE_SPEC = ChoiceSpec()
+
+
+def term_count_weights(spec: ChoiceSpec = CHOICE_SPEC) -> dict[int, float]:
+    """Normalised P(k) for k in [min_terms, max_terms]."""
+    raw = {k: float(k - spec.min_terms + 1) ** -spec.alpha for k in range(spec.min_terms, spec.max_terms + 1)}
+    z = sum(raw.values())
+    return {k: w / z for k, w in raw.items()}
+
+
+def canonical(terms: Sequence[int]) -> str:
+    return "+".join(str(t) for t in terms)
+
+
+def is_heldout(terms: Sequence[int], spec: ChoiceSpec = CHOICE_SPEC) -> bool:
+    """Split membership, a pure function of the problem (salted apart from the default task)."""
+    h = int.from_bytes(hashlib.sha256(f"{SOURCE}:{canonical(terms)}".encode()).digest()[:8], "big")
+    return h % spec.heldout_modulus == 0
+
+
+CONTINUE = -1  # slot value of a continuation line
+
+
+def format_line(running: int, group: Sequence[int], slot: int) -> str:
+    """One derivation line: the running sum placed at ``slot`` (0..len(group)) among the group's
+    terms, then ``=`` and the new running sum; ``slot == CONTINUE`` leaves the running sum implicit.
+    ``format_line(68, [67, 12], 1) == "67+68+12=147"``, ``format_line(68, [67, 12], -1) == "+67+12=147"``."""
+    ops = [str(x) for x in group]
+    if slot == CONTINUE:
+        return "+" + "+".join(ops) + f"={running + sum(group)}"
+    if not 0 <= slot <= len(group):
+        raise ValueError(f"slot must be in [0, {len(group)}] or CONTINUE, got {slot}")
+    ops.insert(slot, str(running))
+    return "+".join(ops) + f"={running + sum(group)}"
+
+
+def derivation(terms: Sequence[int], groups: Sequence[int], slots: Sequence[int]) -> str:
+    """Solution text for given group sizes (summing to k-1) and running-sum slots, ending in ``\\boxed{}``."""
+    if len(terms) < 2:
+        raise ValueError(f"need at least 2 terms, got {len(terms)}")
+    if sum(groups) != len(terms) - 1 or len(groups) != len(slots) or min(groups, default=1) < 1:
+        raise ValueError(f"groups {list(groups)} must be >= 1 and sum to {len(terms) - 1}, one slot each")
+    if slots and slots[0] == CONTINUE:
+        raise ValueError("the first line cannot be a continuation (there is no running sum yet)")
+    lines, s, i = [], terms[0], 1
+    for g, slot in zip(groups, slots):
+        lines.append(format_line(s, terms[i : i + g], slot))
+        s += sum(terms[i : i + g])
+        i += g
+    lines.append(f"\\boxed{{{s}}}")
+    return "\n".join(lines)
+
+
+def solve(terms: Sequence[int]) -> str:
+    """Reference solution: one term per line, running sum first (the longest derivation)."""
+    return derivation(terms, [1] * (len(terms) - 1), [0] * (len(terms) - 1))
+
+
+def guess(terms: Sequence[int]) -> str:
+    return f"\\boxed{{{sum(terms)}}}"
+
+
+def sample_solution(terms: Sequence[int], rng: random.Random, spec: ChoiceSpec = CHOICE_SPEC) -> tuple[str, float]:
+    """A correct solution drawn from the target law, and the self-information ``-log p`` (nats) of
+    the choices made; its mean over draws is the entropy of the target law for these terms."""
+    h = -(spec.guess_prob * math.log(spec.guess_prob) + (1 - spec.guess_prob) * math.log(1 - spec.guess_prob)) \
+        if 0 < spec.guess_prob < 1 else 0.0
+    if rng.random() < spec.guess_prob:
+        return guess(terms), h
+    groups, slots, left = [], [], len(terms) - 1
+    while left:
+        opts = min(spec.max_group, left)
+        g = rng.randint(1, opts)
+        h += math.log(opts)
+        cont = bool(groups) and rng.random() < spec.continue_prob
+        if groups and 0 < spec.continue_prob < 1:
+            h -= spec.continue_prob * math.log(spec.continue_prob) + (1 - spec.continue_prob) * math.log(1 - spec.continue_prob)
+        if cont:
+            slot = CONTINUE
+        else:
+            slot = rng.randint(0, g)
+            h += math.log(g + 1)
+        groups.append(g)
+        slots.append(slot)
+        left -= g
+    return derivation(terms, groups, slots), h
+
+
+def make_prompt(terms: Sequence[int]) -> str:
+    return f"Add: {canonical(terms)}\n"
+
+
+def make_item(terms: Sequence[int], item_id: str) -> PromptItem:
+    terms = list(terms)
+    return PromptItem(
+        id=item_id,
+        problem=f"Compute {canonical(terms)}; any grouping of the additions is fine.",
+        answer=str(sum(terms)),
+        source=SOURCE,
+        prompt=make_prompt(terms),
+        meta={"terms": terms, "num_terms": len(terms), "solution": solve(terms)},
+    )
+
+
+def _split_seed(split: Split, seed: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{SOURCE}:{split}:{seed}".encode()).digest()[:8], "big")
+
+
+def iter_split(split: Split, seed: int = 0, spec: ChoiceSpec = CHOICE_SPEC) -> Iterator[PromptItem]:
+    """Endless deterministic stream of items of one split."""
+    if split not in ("train", "heldout"):
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if spec.high - spec.low + 1 < spec.max_terms:
+        raise ValueError(f"term range [{spec.low}, {spec.high}] cannot hold {spec.max_terms} distinct terms")
+    rng = random.Random(_split_seed(split, seed))
+    weights = term_count_weights(spec)
+    ks, ps = list(weights), list(weights.values())
+    want_heldout = split == "heldout"
+    i = 0
+    while True:
+        k = rng.choices(ks, ps)[0]
+        while True:
+            terms = rng.sample(range(spec.low, spec.high + 1), k)
+            if is_heldout(terms, spec) == want_heldout:
+                break
+        yield make_item(terms, f"choice-{split}-{seed}-{i:07d}")
+        i += 1
+
+
+def make_split(split: Split, n: int, seed: int = 0, spec: ChoiceSpec = CHOICE_SPEC) -> list[PromptItem]:
+    """The first ``n`` items of ``iter_split(split, seed)``."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    it = iter_split(split, seed, spec)
+    return [next(it) for _ in range(n)]
+
+
+def training_solution(item: PromptItem, rng: random.Random, spec: ChoiceSpec = CHOICE_SPEC) -> tuple[str, float]:
+    """A warm-start target for ``item`` and its ``-log p``: one draw of ``sample_solution``."""
+    terms = item.meta.get("terms")
+    if not terms:
+        raise ValueError(f"item {item.id!r} has no terms in meta; not a choice-task item")
+    return sample_solution(terms, rng, spec)

@@ -1,19 +1,17 @@
 """``ulorl-train experiments/quickstart_choice.yaml`` end to end (shrunk): what MLflow holds.
 
-The first test runs the experiment on a random-init model of the profile's architecture (the
-data side, ``embedded:choice`` prompts and held-out split, needs no shipped weights); the second
-runs it as shipped, on ``embedded:choice``, and needs ``platform/ulorl/assets/embedded_choice``.
+The experiment runs on a random-init model of the profile's architecture: the data side
+(``embedded:choice`` prompts and held-out split) needs no shipped weights. The profile's
+warm-started weights are not shipped yet (README: the choice profile).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from mlflow.tracking import MlflowClient
 
 from ulorl.cli.train import main as train_main
-from ulorl.models.loading import embedded_model_dir
 from ulorl.models.tiny import build_tiny_model
 from ulorl.models.tokenizer import build_tokenizer
 from ulorl.tracking import schema
@@ -50,10 +48,3 @@ def test_quickstart_choice_data_side_end_to_end(tmp_path: Path) -> None:
     build_tiny_model(tok, seed=0).save_pretrained(folder)
     tok.save_pretrained(folder)
     _run_and_check(tmp_path, str(folder), f"model.name_or_path={folder}")
-
-
-@pytest.mark.skipif(not (embedded_model_dir("choice") / "config.json").is_file(),
-                    reason="platform/ulorl/assets/embedded_choice is not built yet "
-                           "(ulorl-data warmstart --profile choice --out platform/ulorl/assets/embedded_choice)")
-def test_quickstart_choice_as_shipped_end_to_end(tmp_path: Path) -> None:
-    _run_and_check(tmp_path, "embedded:choice")

@@ -28,6 +28,7 @@ import torch
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
 from ulorl.rollout.scheduler import SegmentScheduler
 from ulorl.rollout.types import Sample, SampleStatus, SamplingParams
+from ulorl.rollout.weight_sync import push_weights
 from ulorl.tracking import resolve_tracking_uri
 from ulorl.tracking.run import RunTracker
 from ulorl.tracking import schema
@@ -320,7 +321,7 @@ class Trainer:
         self.cohorts.load_state_dict(state.get("cohorts", {}))
         self._pending_metrics = state.get("pending_metrics", [])
         ckpt_io.load_rng(path)
-        self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
+        push_weights(self.engine, self.backend, self.policy_version)
         log.info("resumed from %s at step %d", path, self.step)
 
     # ------------------------------------------------------------------ stages
@@ -435,6 +436,8 @@ class Trainer:
                 samples = [s for g in res.groups for s in g]
                 t1 = time.perf_counter()
                 update = None
+                if samples and getattr(self.engine, "colocate", False):
+                    self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
                 if samples:
                     update = policy_update(
                         samples, self.backend, cfg.algo, cfg.train, cfg.rollout.temperature, self.pad_id, self.device
@@ -442,7 +445,7 @@ class Trainer:
                 metrics["time/train_s"] = time.perf_counter() - t1
                 if update is not None and update.updated:
                     self.policy_version += 1
-                    self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
+                    push_weights(self.engine, self.backend, self.policy_version)
                     metrics.update(update.metrics)
                     metrics[schema.SKIPPED_METRIC] = 0.0
                 else:
@@ -456,6 +459,8 @@ class Trainer:
                             metrics["train/nonfinite"] = 1.0
                             log.warning("step %d: %s", self.step, reason)
                     metrics[schema.SKIPPED_METRIC] = 1.0
+                    if getattr(self.engine, "asleep", False):
+                        self.engine.wake()
                 metrics["train/policy_version"] = float(self.policy_version)
                 if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
                     t_e = time.perf_counter()

@@ -96,7 +96,10 @@ class RolloutConfig(_Section):
     )
     engine_max_model_len: Optional[int] = Field(
         None, ge=1, description="engine context (prompt + response tokens); None: longest prompt + max_response_len"
-    )(self) -> int:
+    )
+
+    @property
+    def segment_len(self) -> int:
         return self.max_response_len // self.segments
 
 

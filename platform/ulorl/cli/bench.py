@@ -3,6 +3,7 @@
     ulorl-bench rollout                       # segment counts 1,2,4,8 x static/compact (5-8 min, 2 cores)
     ulorl-bench rollout --json > bench.json   # one JSON object on stdout (then: ulorl-sim validate bench.json)
     ulorl-bench rollout --seconds 20 --segments 1,4 --regimes static
+    ulorl-bench weight-sync --engine vllm --size-mb 1024   # trainer -> engine sync: bucketed vs monolithic
 
 Subcommands:
   rollout  segment rollout (PAPER.md section 1) on the embedded task with the embedded model, no
@@ -12,6 +13,8 @@ Subcommands:
            finished sample, mean batch rows and unfinished pool, ratio to S=1; then the cost of
            one decode iteration vs rows and context. Settings run side by side in one process,
            round robin, after warm-up steps. Progress goes to stderr.
+  weight-sync  seconds per GB and peak extra memory (per process, from /proc) of one weight sync,
+           bucketed vs monolithic (ulorl.rollout.weight_sync_bench).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import argparse
 import json
 import sys
 from typing import Optional, Sequence
+
+from ulorl.rollout.weight_sync_bench import add_weight_sync_parser, run_weight_sync_cli
 
 
 class BenchCliError(ValueError):
@@ -47,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ulorl-bench", description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{rollout}")
+    sub = p.add_subparsers(dest="command", metavar="{rollout,weight-sync}")
+    add_weight_sync_parser(sub)
     r = sub.add_parser("rollout", help="segment rollout: S in {1,2,4,8} x static/compact, no training",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
@@ -77,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "weight-sync":
+        return run_weight_sync_cli(args)
     if args.command != "rollout":
         parser.print_help(sys.stderr)
         return 2

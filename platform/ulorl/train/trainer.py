@@ -28,6 +28,7 @@ import torch
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
 from ulorl.rollout.scheduler import SegmentScheduler
 from ulorl.rollout.types import Sample, SampleStatus, SamplingParams
+from ulorl.rollout.engine_config import engine_rollout_config, prompt_budget
 from ulorl.rollout.weight_sync import push_weights
 from ulorl.tracking import resolve_tracking_uri
 from ulorl.tracking.run import RunTracker
@@ -191,7 +192,7 @@ class Trainer:
         self.backend: TrainBackend = self._make_backend(model)
         # deepspeed: backend.model is the DeepSpeed engine; rollouts/checkpoints use the plain module
         self.model = getattr(self.backend, "rollout_model", self.backend.model)
-        self.engine = (self.engine_factory or make_engine)(cfg.rollout, self.model, tokenizer)
+        self.engine = (self.engine_factory or make_engine)(engine_rollout_config(cfg), self.model, tokenizer)
         from ulorl.reward.judge import judge_from_config
 
         def load_judge_engine(name: str) -> tuple[Any, Any]:
@@ -200,7 +201,9 @@ class Trainer:
 
         self.judge = judge_from_config(cfg.reward, load_judge_engine)
         self.scorer = RewardScorer.from_config(cfg.reward, judge=self.judge)
-        self.stream = PromptStream(self.train_items, tokenizer, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        self.stream = PromptStream(self.train_items, tokenizer, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
+                                   max_prompt_len=prompt_budget(cfg.rollout)
+                                   if cfg.rollout.engine == "vllm" or cfg.rollout.engine_max_model_len else None)
         r = cfg.rollout
         self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=r.seed)
         self.scheduler = SegmentScheduler(
@@ -345,6 +348,7 @@ class Trainer:
         dt = time.perf_counter() - t0
         self.pending_prompts = list(res.deferred_prompts)
         m = res.metrics()
+        m["rollout/prompts_dropped_too_long"] = float(self.stream.dropped_too_long)
         rewards = [float(s.reward or 0.0) for s in res.completed]
         st = res.engine_stats
         useful = st.useful_tokens if st and st.useful_tokens else res.decoded_tokens

@@ -400,6 +400,9 @@ class VLLMEngine:
             raise ValueError(NATIVE_CPU_MESSAGE.format(backend=weight_transfer))
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kvcache_space_gib)))
+            # engine processes (spawned after this): glibc serves >= 1 MiB blocks by mmap and returns them
+            # on free, so each weight-sync bucket's transient buffers leave no resident residue
+            os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
             if self.tensor_parallel_size > 1:
                 # vllm-cpu's multiprocess executor needs hand-bound threads ("Not enough allowed NUMA nodes")
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", default_cpu_thread_bind(self.tensor_parallel_size))

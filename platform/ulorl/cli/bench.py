@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cost-rows", default=",".join(map(str, d.cost_rows)), help="rows of the cost curve")
     r.add_argument("--cost-contexts", default=None, help="contexts of the cost curve (unset: 64,L/2,L+64)")
     r.add_argument("--out", default=None, help="also write the JSON object to this file")
+    r.add_argument("--engine", default=None,
+                   help="engines side by side instead of the S x regime grid, e.g. hf,vllm (vllm: run from the vLLM "
+                        "side venv): same prompts and seeds, first --segments value, --steps (default 4) measured "
+                        "steps each; prints tokens/s and completed/s per engine")
     return p
 
 
@@ -104,6 +108,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (BenchCliError, ValueError) as exc:
         print(f"ulorl-bench rollout: error: {exc}", file=sys.stderr)
         return 2
+    if args.engine:
+        from ulorl.rollout.bench import format_engine_comparison, run_engine_comparison
+
+        names = [x.strip() for x in args.engine.split(",") if x.strip()]
+        out = run_engine_comparison(cfg, names, progress=_log)
+        print(json.dumps(out) if args.json else format_engine_comparison(out))
+        return 0
     n = len(cfg.segments) * len(cfg.regimes)
     _log(f"{n} settings x {cfg.seconds:.0f}s measured (+ warm-up, cost curve); "
          f"{cfg.prompts} prompts x {cfg.group}, max {cfg.max_len} tokens")

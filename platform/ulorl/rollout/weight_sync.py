@@ -25,7 +25,11 @@ The receiver parses JSON (no pickle: nothing executable crosses processes).
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import struct
+import tempfile
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -191,8 +195,6 @@ def unpack_bucket(blob: Any) -> list[tuple[str, torch.Tensor]]:
         if writable:
             raw = torch.frombuffer(chunk, dtype=torch.uint8)
         else:
-            import warnings
-
             with warnings.catch_warnings():  # torch warns on read-only buffers; views are only read
                 warnings.simplefilter("ignore", UserWarning)
                 raw = torch.frombuffer(chunk, dtype=torch.uint8)
@@ -211,10 +213,6 @@ class SharedBucket:
     """
 
     def __init__(self, bucket: Sequence[tuple[str, torch.Tensor]], directory: str = "/dev/shm") -> None:
-        import mmap
-        import os
-        import tempfile
-
         size = packed_size(bucket)
         fd, self.path = tempfile.mkstemp(prefix="ulorl-wsync-", dir=directory)
         try:
@@ -229,8 +227,6 @@ class SharedBucket:
         self.nbytes = size
 
     def unlink(self) -> None:
-        import os
-
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -245,9 +241,6 @@ class SharedBucket:
 
 def open_shared_bucket(path: str) -> list[tuple[str, torch.Tensor]]:
     """The receiving side of ``SharedBucket``: read-only views into a mapping of ``path``."""
-    import mmap
-    import os
-
     fd = os.open(path, os.O_RDONLY)
     try:
         mm = mmap.mmap(fd, 0, prot=mmap.PROT_READ)

@@ -111,6 +111,16 @@ def _params(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 # ----------------------------------------------------------------------------- script mode (ranks)
 
 
+def _param_memory(backend) -> dict[str, float]:
+    """This rank's parameter bytes after init: ZeRO-3 partitions (``ds_tensor``) vs the full model."""
+    params = list(backend.module.parameters())
+    full = sum(int(getattr(p, "ds_numel", p.numel())) * p.element_size() for p in params)
+    local = sum((p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()) * p.element_size() for p in params)
+    copy_bytes = 0 if backend.rollout_model is backend.module else sum(
+        p.numel() * p.element_size() for p in backend.rollout_model.parameters())
+    return {"full_mb": full / 2**20, "partition_mb": local / 2**20, "rollout_copy_mb": copy_bytes / 2**20}
+
+
 def _script(argv: list[str]) -> None:
     from ulorl.models.loading import load_policy
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
@@ -134,10 +144,12 @@ def _script(argv: list[str]) -> None:
         model, tok = load_policy(str(a.model))
         t0 = time.perf_counter()
         b = DeepSpeedBackend(model, cfg.train)
+        b.export_bucket_bytes = 64 << 10   # ZeRO-3 export in many buckets on the tiny model (same on every rank)
         timing.setdefault("init_s", time.perf_counter() - t0)
         return b, tok.pad_token_id
 
     backend, pad = new_backend()
+    (a.out / f"mem_rank{rank}.json").write_text(json.dumps(_param_memory(backend)))
     if rank != 0:
         worker_loop(backend, cfg, pad, device)
         backend2, _ = new_backend()
@@ -159,7 +171,16 @@ def _script(argv: list[str]) -> None:
             t0 = time.perf_counter()
             backend.save(ckpt)
             timing["save_s"] = time.perf_counter() - t0
-    torch.save(_params(backend.state_dict_for_rollout()), a.out / "straight.pt")
+    straight_sd = _params(backend.state_dict_for_rollout())
+    torch.save(straight_sd, a.out / "straight.pt")
+    if a.stage == 3:   # the streamed export (gathered per bucket, every rank joins) gives the same weights
+        from ulorl.rollout.weight_sync_bench import PeakSampler
+
+        with PeakSampler([os.getpid()], 0.002) as sampler:
+            streamed = _params(dict(backend.named_weights_for_rollout()))
+        timing["export_peak_extra_mb"] = sampler.extra()[os.getpid()] / 2**20
+        timing["streamed_equal"] = streamed.keys() == straight_sd.keys() and all(
+            torch.equal(streamed[k], straight_sd[k]) for k in straight_sd)
     backend.close()
     backend2, _ = new_backend()
     t0 = time.perf_counter()
@@ -248,7 +269,11 @@ def test_two_rank_zero3_matches_torch_and_resumes_exactly(model_dir, tmp_path):
     straight = torch.load(tmp_path / "straight.pt")
     resumed = torch.load(tmp_path / "resumed.pt")
     diff = max_abs_diff(ref, straight)
-    print(f"zero-3 timing {result['timing']}; max|ds - torch| {diff:.3e}")
+    mem = {r: json.loads((tmp_path / f"mem_rank{r}.json").read_text()) for r in (0, 1)}
+    print(f"zero-3 timing {result['timing']}; max|ds - torch| {diff:.3e}; parameter memory per rank {mem}")
+    assert result["timing"]["streamed_equal"], "streamed ZeRO-3 export differs from the gathered state dict"
+    for r in (0, 1):   # ZeRO-3: each rank holds about half of the parameters after init
+        assert mem[r]["partition_mb"] <= 0.5 * mem[r]["full_mb"] * 1.05 + 0.01
     assert diff <= PARAM_ATOL, f"max |ds - torch| = {diff:.3e} > {PARAM_ATOL}"
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     for m_ds, m_t in zip(result["metrics"], ref_metrics):

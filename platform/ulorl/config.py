@@ -100,6 +100,24 @@ class RolloutConfig(_Section):
     # vLLM-only knobs (ignored by the hf engine)
     vllm_gpu_memory_utilization: float = Field(0.85, gt=0, le=1.0, description="vLLM: fraction of GPU memory it may use")
     vllm_enable_prefix_caching: bool = Field(True, description="vLLM: reuse cached keys/values of shared prefixes")
+    # rollout at scale (rollout/weight_sync.py, rollout/engine_config.py)
+    weight_sync_bucket_mb: float = Field(
+        256.0, gt=0, description="weight sync streams parameters to the engines in buckets of at most this many MiB"
+    )
+    weight_transfer: Literal["stream", "nccl", "ipc"] = Field(
+        "stream", description="vllm: 'stream' (buckets over the engine's RPC, CPU and GPU) or vLLM's native "
+        "GPU transfer ('nccl' broadcast to engines on other GPUs, 'ipc' for colocated engines)"
+    )
+    colocate: bool = Field(
+        False, description="vllm on GPU: the engine shares the trainer's GPU and sleeps (frees its memory) "
+        "during each policy update; refused on CPU"
+    )
+    tensor_parallel_size: Optional[int] = Field(
+        None, ge=1, description="vllm tensor-parallel size; None: resources.gpus_per_engine when > 1, else 1"
+    )
+    engine_max_model_len: Optional[int] = Field(
+        None, ge=1, description="engine context (prompt + response tokens); None: longest prompt + max_response_len"
+    )
 
     @property
     def segment_len(self) -> int:

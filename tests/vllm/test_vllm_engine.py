@@ -256,3 +256,56 @@ def test_engine_from_in_memory_model(hf_model, tiny_model_dir, vllm_engine):
     import os
 
     assert tmp is not None and not os.path.exists(tmp)
+
+
+@pytest.mark.parametrize("bucket_mb,transport", [(0.05, "shm"), (1.5, "shm"), (0.3, "inline")])
+def test_bucketed_update_matches_hf_with_new_weights(vllm_engine, hf_engine, hf_model, bucket_mb, transport):
+    """Streamed update in buckets small enough that q / k / v (one packed vLLM tensor) and
+    gate / up straddle buckets: greedy output after the sync equals HF with the new weights."""
+    from ulorl.rollout.weight_sync import bucket_bytes_from_mb, plan_buckets
+
+    reqs = _requests(5, 32)
+    before = vllm_engine.generate(reqs, GREEDY)
+    original = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    g = torch.Generator().manual_seed(123)
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in original.items()}
+    v0, saved = vllm_engine.policy_version, vllm_engine.bucket_bytes
+    vllm_engine.bucket_bytes = bucket_bytes_from_mb(bucket_mb)
+    vllm_engine.weight_sync_transport = transport
+    try:
+        vllm_engine.update_weights_streamed(iter(new.items()), v0 + 1)   # a lazy stream, like the trainer's
+        plan = plan_buckets([t.numel() * t.element_size() for t in new.values()], vllm_engine.bucket_bytes)
+        assert vllm_engine.last_update_messages == plan.num_buckets
+        assert vllm_engine.last_update_bytes == plan.total_bytes
+        if bucket_mb < 1:
+            assert plan.num_buckets > 10
+        hf_engine.update_weights(new, v0 + 1)
+        hf_model.load_state_dict(new)
+        rv = vllm_engine.generate(reqs, GREEDY)
+        rh = hf_engine.generate(reqs, GREEDY)
+        assert [r.token_ids for r in rv] != [r.token_ids for r in before], "the update changed nothing"
+        assert [r.token_ids for r in rv] == [r.token_ids for r in rh]
+        assert _max_lp_diff(rv, rh) < LP_TOL
+        import glob
+
+        assert not glob.glob("/dev/shm/ulorl-wsync-*"), "shared bucket files left behind"
+        print(f"bucket {bucket_mb} MiB ({transport}): {plan.num_buckets} messages, {vllm_engine.last_update_s * 1000:.0f} ms")
+    finally:
+        vllm_engine.bucket_bytes = saved
+        vllm_engine.weight_sync_transport = "shm"
+        vllm_engine.update_weights(original, v0 + 2)
+        hf_engine.update_weights(original, v0 + 2)
+        hf_model.load_state_dict(original)
+    assert [r.token_ids for r in vllm_engine.generate(reqs, GREEDY)] == [r.token_ids for r in before]
+
+
+def test_colocate_and_native_transfer_refused_on_cpu(tiny_model_dir):
+    """vLLM's CPU build has no sleep mode and no native weight transfer: the switches say so
+    (before any engine process starts)."""
+    from ulorl.rollout.engines.vllm import VLLMEngine
+
+    d, eos = tiny_model_dir
+    with pytest.raises(ValueError, match="colocate=true needs vLLM sleep mode"):
+        VLLMEngine(d, eos_token_id=eos, max_model_len=MAX_MODEL_LEN, colocate=True)
+    with pytest.raises(ValueError, match="no native backend moves weights on CPU"):
+        VLLMEngine(d, eos_token_id=eos, max_model_len=MAX_MODEL_LEN, weight_transfer="nccl")

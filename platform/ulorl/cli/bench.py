@@ -3,6 +3,7 @@
     ulorl-bench rollout                       # segment counts 1,2,4,8 x static/compact (5-8 min, 2 cores)
     ulorl-bench rollout --json > bench.json   # one JSON object on stdout (then: ulorl-sim validate bench.json)
     ulorl-bench rollout --seconds 20 --segments 1,4 --regimes static
+    ulorl-bench weight-sync --engine vllm --size-mb 1024   # trainer -> engine sync: bucketed vs monolithic
 
 Subcommands:
   rollout  segment rollout (PAPER.md section 1) on the embedded task with the embedded model, no
@@ -14,6 +15,8 @@ Subcommands:
            round robin, after warm-up steps. Progress goes to stderr.
   verifier reward verifier vs a labelled JSONL (response, answer, label): agreement, false
            positives / negatives, items/s, per source (``ulorl-bench verifier --help``).
+  weight-sync  seconds per GB and peak extra memory (per process, from /proc) of one weight sync,
+           bucketed vs monolithic (ulorl.rollout.weight_sync_bench).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Optional, Sequence
 
 from ulorl.reward.verifier_bench import add_parser as add_verifier_parser
 from ulorl.reward.verifier_bench import run_cli as run_verifier_cli
+from ulorl.rollout.weight_sync_bench import add_weight_sync_parser, run_weight_sync_cli
 
 
 class BenchCliError(ValueError):
@@ -52,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ulorl-bench", description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{rollout,verifier}")
+    sub = p.add_subparsers(dest="command", metavar="{rollout,verifier,weight-sync}")
+    add_weight_sync_parser(sub)
     r = sub.add_parser("rollout", help="segment rollout: S in {1,2,4,8} x static/compact, no training",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
@@ -76,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cost-rows", default=",".join(map(str, d.cost_rows)), help="rows of the cost curve")
     r.add_argument("--cost-contexts", default=None, help="contexts of the cost curve (unset: 64,L/2,L+64)")
     r.add_argument("--out", default=None, help="also write the JSON object to this file")
+    r.add_argument("--engine", default=None,
+                   help="engines side by side instead of the S x regime grid, e.g. hf,vllm (vllm: run from the vLLM "
+                        "side venv): same prompts and seeds, first --segments value, --steps (default 4) measured "
+                        "steps each; prints tokens/s and completed/s per engine")
     add_verifier_parser(sub)
     return p
 
@@ -85,6 +94,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "verifier":
         return run_verifier_cli(args)
+    if args.command == "weight-sync":
+        return run_weight_sync_cli(args)
     if args.command != "rollout":
         parser.print_help(sys.stderr)
         return 2
@@ -104,6 +115,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (BenchCliError, ValueError) as exc:
         print(f"ulorl-bench rollout: error: {exc}", file=sys.stderr)
         return 2
+    if args.engine:
+        from ulorl.rollout.bench import format_engine_comparison, run_engine_comparison
+
+        names = [x.strip() for x in args.engine.split(",") if x.strip()]
+        out = run_engine_comparison(cfg, names, progress=_log)
+        print(json.dumps(out) if args.json else format_engine_comparison(out))
+        return 0
     n = len(cfg.segments) * len(cfg.regimes)
     _log(f"{n} settings x {cfg.seconds:.0f}s measured (+ warm-up, cost curve); "
          f"{cfg.prompts} prompts x {cfg.group}, max {cfg.max_len} tokens")

@@ -109,3 +109,16 @@ def _apply_rope_scaling(config: Any, rope_scaling: dict[str, Any]) -> None:
         config.rope_parameters = {**config.rope_parameters, **rs}
     else:
         config.rope_scaling = rs
+    scaled = scaled_max_positions(rs)
+    if scaled is not None and scaled > int(getattr(config, "max_position_embeddings", 0) or 0):
+        # vLLM does not multiply max_position_embeddings by the factor and sizes its rotary cache
+        # from it: trainer and engine both read this value
+        config.max_position_embeddings = scaled
+
+
+def scaled_max_positions(rope_scaling: dict[str, Any]) -> Optional[int]:
+    """``original_max_position_embeddings x factor`` of a YaRN dict (None without both keys)."""
+    orig, factor = rope_scaling.get("original_max_position_embeddings"), rope_scaling.get("factor")
+    if orig is None or factor is None:
+        return None
+    return int(round(float(orig) * float(factor)))

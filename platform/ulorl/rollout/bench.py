@@ -481,3 +481,68 @@ def _f(x: Optional[float], nd: int) -> str:
 
 def _pct(x: Optional[float]) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def run_engine_comparison(cfg: BenchConfig, engines: Sequence[str], *, progress: Progress = None) -> dict[str, Any]:
+    """``ulorl-bench rollout --engine hf,vllm``: the same prompts, seeds and segment count
+    (``cfg.segments[0]``, compact batching) on each engine in turn (one engine alive at a time),
+    after one warm-up step each; tokens/s and finished samples/s of the measured steps."""
+    import torch
+
+    from ulorl.models.loading import load_policy, resolve_model_path
+    from ulorl.rollout.engines.hf import HFEngine
+
+    cfg.validate()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, tok = load_policy(cfg.model, device=cfg.device)
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos
+    prompts = embedded_prompts(tok, max(512, cfg.prompts * 16), cfg.seed)
+    longest = max(len(p.prompt_ids) for p in prompts)
+    steps = cfg.steps or 4
+    S = cfg.segments[0]
+    sampling = SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k, seed=cfg.seed)
+    rows: list[dict[str, Any]] = []
+    for name in engines:
+        if name == "hf":
+            eng: Any = HFEngine(model, eos_token_id=eos, pad_token_id=pad, device=cfg.device, batching="compact")
+        elif name == "vllm":
+            from ulorl.rollout.engines.vllm import VLLMEngine
+
+            eng = VLLMEngine(resolve_model_path(cfg.model), eos_token_id=eos, dtype="float32",
+                             max_model_len=longest + cfg.max_len + 8, seed=cfg.seed)
+        else:
+            raise ValueError(f"--engine: unknown engine {name!r} (hf, vllm)")
+        try:
+            sched = SegmentScheduler(eng, segments=S, max_response_len=cfg.max_len, group_size=cfg.group,
+                                     prompts_per_step=cfg.prompts, sampling=sampling, seed=cfg.seed)
+            it = _cycle(prompts)
+            sched.step([next(it) for _ in range(sched.prompts_wanted())], 0)          # warm-up
+            tokens = finished = 0
+            wall = 0.0
+            for _ in range(steps):
+                new = [next(it) for _ in range(sched.prompts_wanted())]
+                t0 = time.perf_counter()
+                res = sched.step(new, 0)
+                wall += time.perf_counter() - t0
+                tokens += res.decoded_tokens
+                finished += res.finished + res.truncated
+            rows.append({"engine": name, "steps": steps, "wall_s": wall, "tokens": tokens, "completed": finished,
+                         "tokens_per_s": tokens / wall, "completed_per_s": finished / wall})
+            _say(progress, f"{name}: {tokens / wall:.0f} tok/s, {finished / wall:.2f} completed/s over {steps} steps")
+        finally:
+            if hasattr(eng, "close"):
+                eng.close()
+    return {"engines": rows, "segments": S, "prompts": cfg.prompts, "group": cfg.group, "max_len": cfg.max_len,
+            "model": cfg.model, "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+def format_engine_comparison(out: dict[str, Any]) -> str:
+    lines = [f"engines side by side: S={out['segments']}, {out['prompts']} prompts x {out['group']}, "
+             f"max {out['max_len']} tokens, model {out['model']}",
+             f"{'engine':<7} {'steps':>5} {'wall s':>8} {'tokens':>8} {'tok/s':>8} {'completed/s':>12}"]
+    for r in out["engines"]:
+        lines.append(f"{r['engine']:<7} {r['steps']:>5} {r['wall_s']:>8.1f} {r['tokens']:>8} {r['tokens_per_s']:>8.0f} "
+                     f"{r['completed_per_s']:>12.2f}")
+    return "\n".join(lines)

@@ -116,6 +116,7 @@ class RolloutStepResult:
     engine_stats: Optional[EngineStats] = None
     totals: dict[str, int] = field(default_factory=dict)
     dropped_samples: list[Sample] = field(default_factory=list)
+    clipped: int = 0   # requests clipped at the engine's context limit (finished as truncated)
 
     @property
     def released_groups(self) -> int:
@@ -140,6 +141,7 @@ class RolloutStepResult:
             "rollout/admitted": self.admitted,
             "rollout/dropped": self.dropped,
             "rollout/released_groups": self.released_groups,
+            "rollout/context_clipped": self.clipped,
         }
         if lens:
             out["rollout/response_len_mean"] = sum(lens) / len(lens)
@@ -229,6 +231,14 @@ class SegmentScheduler:
         """Budget of the sample's next segment (clipped at the global max)."""
         return min(self.segment_len, self.max_response_len - sample.response_len)
 
+    def context_room(self, sample: Sample) -> Optional[int]:
+        """Tokens the engine can still add to ``sample`` (its ``max_model_len`` minus the context),
+        None when the engine states no limit."""
+        limit = getattr(self.engine, "max_model_len", None)
+        if not isinstance(limit, int):
+            return None
+        return limit - len(sample.prompt_ids) - sample.response_len
+
     # ------------------------------------------------------------------------------ one step
     def step(
         self,
@@ -273,12 +283,26 @@ class SegmentScheduler:
         # 3. one engine call over every unfinished sample plus the new ones
         carried = list(pools.unfinished)
         batch = carried + new_samples
+        # safety net: never ask the engine for more than its context limit; a clipped sample
+        # finishes as truncated (reward 0) after this segment. Prompts too long for the engine are
+        # dropped at load, so this only catches a mis-sized engine.
+        budgets: list[int] = []
+        clipped_ids: set[int] = set()
+        for s in batch:
+            budget = self.max_new_tokens(s)
+            room = self.context_room(s)
+            if room is not None and room < budget:
+                budget = max(room, 0)
+                clipped_ids.add(s.sample_id)
+            budgets.append(budget)
         requests = [GenerationRequest(
             request_id=s.sample_id, prompt_ids=list(s.prompt_ids), prefix_ids=list(s.response_ids),
-            max_new_tokens=self.max_new_tokens(s), seed=request_seed(self.seed, s.sample_id, len(s.segments)))
-            for s in batch]
-        results = self.engine.generate(requests, self.sampling) if requests else []
-        self._check_results(requests, results)
+            max_new_tokens=b, seed=request_seed(self.seed, s.sample_id, len(s.segments)))
+            for s, b in zip(batch, budgets) if b > 0]
+        got = self.engine.generate(requests, self.sampling) if requests else []
+        self._check_results(requests, got)
+        by_id = {r.request_id: r for r in got}
+        results = [by_id.get(s.sample_id) or GenerationResult(s.sample_id, [], [], "length") for s in batch]
         stats = getattr(self.engine, "last_stats", None) if requests else None
 
         pools.unfinished.take_all()
@@ -295,7 +319,9 @@ class SegmentScheduler:
             decoded += len(r.token_ids)
         if on_segment is not None and batch:
             on_segment(batch)
-        statuses = [termination_status(r.finish_reason, s.response_len, self.max_response_len)
+        statuses = [SampleStatus.TRUNCATED
+                    if s.sample_id in clipped_ids and r.finish_reason != "eos"
+                    else termination_status(r.finish_reason, s.response_len, self.max_response_len)
                     for s, r in zip(batch, results)]
         finished = [s for s, st in zip(batch, statuses) if st is SampleStatus.FINISHED]
         if score_fn is not None and finished:
@@ -341,6 +367,7 @@ class SegmentScheduler:
             engine_stats=stats if isinstance(stats, EngineStats) else None,
             totals=pools.counters(),
             dropped_samples=dropped,
+            clipped=len(clipped_ids),
         )
 
     def _check_results(self, requests: list[GenerationRequest], results: list[GenerationResult]) -> None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -43,6 +43,30 @@ log = logging.getLogger("ulorl.train.deepspeed")
 
 CHECKPOINT_SUBDIR = "deepspeed"
 CHECKPOINT_TAG = "state"
+EXPORT_BUCKET_BYTES = 256 << 20   # ZeRO-3 export: parameters gathered per bucket (same on every rank)
+
+
+def full_nbytes(p: torch.nn.Parameter) -> int:
+    """Bytes of a parameter's full (unpartitioned) tensor: ZeRO-3 keeps the full numel in ``ds_numel``."""
+    return int(getattr(p, "ds_numel", p.numel())) * p.element_size()
+
+
+def bucketize_params(named: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int) -> list[list[tuple[str, torch.nn.Parameter]]]:
+    """Consecutive parameters grouped into buckets of at most ``bucket_bytes`` full bytes (an
+    oversize parameter alone); the same on every rank (pure: sizes and order only)."""
+    buckets: list[list[tuple[str, torch.nn.Parameter]]] = []
+    cur: list[tuple[str, torch.nn.Parameter]] = []
+    size = 0
+    for name, p in named:
+        n = full_nbytes(p)
+        if cur and size + n > bucket_bytes:
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append((name, p))
+        size += n
+    if cur:
+        buckets.append(cur)
+    return buckets
 
 
 def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
@@ -93,6 +117,7 @@ class DeepSpeedBackend:
         self.world_size = env.world_size
         self.is_main_process = env.rank == 0
         self.zero_stage = cfg.deepspeed.zero_stage
+        self.export_bucket_bytes = EXPORT_BUCKET_BYTES
         self.data_parallel: Optional[DataParallel] = (
             DataParallel(env.rank, env.world_size) if env.world_size > 1 else None
         )
@@ -177,28 +202,52 @@ class DeepSpeedBackend:
 
     # ------------------------------------------------------------------ weights out
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
-        """Full model weights (ZeRO-3: gathered from every rank, all ranks take part)."""
+        """Full model weights (ZeRO-3: gathered bucket by bucket from every rank, all ranks take part).
+
+        ZeRO-3, rank 0: each gathered bucket is copied straight into ``rollout_model``'s tensors
+        (never the whole model gathered at once, no clone of it); other ranks return {}.
+        """
         if self.zero_stage != 3:
             return {k: v.detach() for k, v in self.module.state_dict().items()}
+        if self.data_parallel is not None and self.data_parallel.is_driver:
+            self.data_parallel.send("gather")
+        target = dict(self.rollout_model.named_parameters()) if self.is_main_process else {}
+        for bucket in self._gathered_buckets():
+            for name, p in bucket:
+                if name in target:
+                    target[name].data.copy_(p.data)
+        if not self.is_main_process:
+            return {}
+        return {k: v.detach() for k, v in self.rollout_model.state_dict().items()}
+
+    def named_weights_for_rollout(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Lazy ``(name, tensor)`` stream of the full weights for a streaming engine (rank 0).
+
+        ZeRO-1/2: the module's own tensors. ZeRO-3: parameters gathered one bucket of
+        ``export_bucket_bytes`` at a time (a collective: the worker ranks run the same sequence
+        from ``state_dict_for_rollout``), each yielded as a CPU copy and the bucket released
+        before the next one is gathered, so rank 0 holds at most one gathered bucket plus the
+        consumer's current bucket.
+        """
+        if self.zero_stage != 3:
+            for k, v in self.module.state_dict().items():
+                yield k, v.detach()
+            return
+        if self.data_parallel is not None and self.data_parallel.is_driver:
+            self.data_parallel.send("gather")
+        for bucket in self._gathered_buckets():
+            for name, p in bucket:
+                yield name, p.data.detach().to("cpu", copy=True)
+
+    def _gathered_buckets(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """ZeRO-3: ``named_parameters`` in buckets of ``export_bucket_bytes`` (full sizes), each
+        inside ``GatheredParameters`` while the caller consumes it. Every rank must iterate fully."""
         from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 
-        if self.data_parallel is not None:
-            self.data_parallel.send("gather")
-        params = list(self.module.parameters())
-        with GatheredParameters(params, modifier_rank=None):
-            if not self.is_main_process:
-                return {}
-            full = {n: p.detach().clone() for n, p in self.module.named_parameters()}
-        keys = set(self.rollout_model.state_dict())
-        full.update({n: b.detach().clone() for n, b in self.module.named_buffers() if n in keys})
-        missing, unexpected = self.rollout_model.load_state_dict(full, strict=False)
-        shared = {n for n, _ in self.rollout_model.named_parameters(remove_duplicate=False)} - set(
-            n for n, _ in self.rollout_model.named_parameters()
-        )
-        bad = [k for k in missing if k not in shared]
-        if bad or unexpected:
-            raise RuntimeError(f"ZeRO-3 gather: missing {bad[:5]}, unexpected {list(unexpected)[:5]}")
-        return {k: v.detach() for k, v in self.rollout_model.state_dict().items()}
+        named = list(self.module.named_parameters())
+        for bucket in bucketize_params(named, self.export_bucket_bytes):
+            with GatheredParameters([p for _, p in bucket], modifier_rank=None):
+                yield bucket
 
     def close(self, **info: Any) -> None:
         """Rank 0: release the worker ranks; ``info`` (run_id, steps, ...) is what their loop returns."""

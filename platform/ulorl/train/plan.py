@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.config import ExperimentConfig
+from ulorl.rollout.engine_config import engine_summary
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,13 @@ def plan_dict(cfg: ExperimentConfig) -> dict[str, Any]:
                     "fewer rows and preempts, so this bounds the demand, not the allocation",
         }
     out["simulated_step_time_s"] = predict_step_times(cfg, segment_counts=(1, r.segments if r.segments > 1 else 8))
+    out["engine"] = engine_plan(cfg)
     return out
+
+
+def engine_plan(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The rollout engine's context (``max_model_len``), rope scaling and TP size, as the dry-run shows them."""
+    return engine_summary(cfg)
 
 
 def predict_step_times(cfg: ExperimentConfig, segment_counts: tuple[int, ...] = (1, 8), steps: int = 40) -> dict[str, Any]:

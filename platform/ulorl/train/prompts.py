@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Optional
 
 from ulorl.config import DataConfig
 from ulorl.data.profiles import parse_embedded
@@ -31,9 +31,26 @@ def encode_prompt(item: PromptItem, tokenizer: Any) -> PromptRequest:
 
 
 class PromptStream:
-    """Yields prompts in a seeded order, reshuffled each epoch; ``state_dict`` = (epoch, position)."""
+    """Yields prompts in a seeded order, reshuffled each epoch; ``state_dict`` = (epoch, position).
 
-    def __init__(self, items: list[PromptItem], tokenizer: Any, seed: int, shuffle: bool = True) -> None:
+    ``max_prompt_len``: prompts with more tokens (too long for the engine's context with the
+    global max response) are dropped at load, counted in ``dropped_too_long``; every item is
+    then encoded up front. None keeps every item and encodes lazily.
+    """
+
+    def __init__(self, items: list[PromptItem], tokenizer: Any, seed: int, shuffle: bool = True,
+                 max_prompt_len: Optional[int] = None) -> None:
+        self.dropped_too_long = 0
+        self._cache: dict[int, PromptRequest] = {}
+        if max_prompt_len is not None and items:
+            encoded = [encode_prompt(it, tokenizer) for it in items]
+            keep = [i for i, e in enumerate(encoded) if len(e.prompt_ids) <= max_prompt_len]
+            self.dropped_too_long = len(items) - len(keep)
+            items = [items[i] for i in keep]
+            self._cache = {j: encoded[i] for j, i in enumerate(keep)}
+            if not items:
+                raise ValueError(f"every training prompt is longer than the engine's prompt budget of {max_prompt_len} "
+                                 "tokens (rollout.engine_max_model_len - rollout.max_response_len)")
         if not items:
             raise ValueError("the training dataset is empty")
         self.items = items
@@ -43,7 +60,6 @@ class PromptStream:
         self.epoch = 0
         self.position = 0
         self._order = self._make_order()
-        self._cache: dict[int, PromptRequest] = {}
 
     def _make_order(self) -> list[int]:
         order = list(range(len(self.items)))

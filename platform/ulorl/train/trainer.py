@@ -29,6 +29,8 @@ from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
 from ulorl.rollout.pools import has_mixed_rewards
 from ulorl.rollout.scheduler import SegmentScheduler
 from ulorl.rollout.types import Sample, SamplingParams
+from ulorl.rollout.engine_config import engine_rollout_config, prompt_budget
+from ulorl.rollout.weight_sync import push_weights
 from ulorl.tracking import resolve_tracking_uri
 from ulorl.tracking.run import RunTracker
 from ulorl.tracking import schema
@@ -209,7 +211,7 @@ class Trainer:
         self.backend: TrainBackend = self._make_backend(model)
         # deepspeed: backend.model is the DeepSpeed engine; rollouts/checkpoints use the plain module
         self.model = getattr(self.backend, "rollout_model", self.backend.model)
-        self.engine = (self.engine_factory or make_engine)(cfg.rollout, self.model, tokenizer)
+        self.engine = (self.engine_factory or make_engine)(engine_rollout_config(cfg), self.model, tokenizer)
         from ulorl.reward.judge import judge_from_config
 
         def load_judge_engine(name: str) -> tuple[Any, Any]:
@@ -218,7 +220,9 @@ class Trainer:
 
         self.judge = judge_from_config(cfg.reward, load_judge_engine)
         self.scorer = RewardScorer.from_config(cfg.reward, judge=self.judge)
-        self.stream = PromptStream(self.train_items, tokenizer, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+        self.stream = PromptStream(self.train_items, tokenizer, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
+                                   max_prompt_len=prompt_budget(cfg.rollout)
+                                   if cfg.rollout.engine == "vllm" or cfg.rollout.engine_max_model_len else None)
         r = cfg.rollout
         self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=r.seed)
         self.scheduler = SegmentScheduler(
@@ -344,7 +348,7 @@ class Trainer:
         self.cohorts.load_state_dict(state.get("cohorts", {}))
         self._pending_metrics = state.get("pending_metrics", [])
         ckpt_io.load_rng(path)
-        self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
+        push_weights(self.engine, self.backend, self.policy_version)
         log.info("resumed from %s at step %d", path, self.step)
 
     # ------------------------------------------------------------------ stages
@@ -368,6 +372,7 @@ class Trainer:
         dt = time.perf_counter() - t0
         self.pending_prompts = list(res.deferred_prompts)
         m = res.metrics()
+        m["rollout/prompts_dropped_too_long"] = float(self.stream.dropped_too_long)
         rewards = [float(s.reward or 0.0) for s in res.completed]
         st = res.engine_stats
         useful = st.useful_tokens if st and st.useful_tokens else res.decoded_tokens
@@ -451,6 +456,8 @@ class Trainer:
         samples = [s for g in res.groups for s in g]
         t1 = time.perf_counter()
         update = None
+        if samples and getattr(self.engine, "colocate", False):
+            self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
         if samples:
             update = policy_update(
                 samples, self.backend, cfg.algo, cfg.train, cfg.rollout.temperature, self.pad_id, self.device
@@ -458,7 +465,7 @@ class Trainer:
         metrics["time/train_s"] = time.perf_counter() - t1
         if update is not None and update.updated:
             self.policy_version += 1
-            self.engine.update_weights(self.backend.state_dict_for_rollout(), self.policy_version)
+            push_weights(self.engine, self.backend, self.policy_version)
             metrics.update(update.metrics)
             metrics[schema.SKIPPED_METRIC] = 0.0
         else:
@@ -472,6 +479,8 @@ class Trainer:
                     metrics["train/nonfinite"] = 1.0
                     log.warning("step %d: %s", self.step, reason)
             metrics[schema.SKIPPED_METRIC] = 1.0
+            if getattr(self.engine, "asleep", False):
+                self.engine.wake()
         metrics["train/policy_version"] = float(self.policy_version)
         if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
             t_e = time.perf_counter()

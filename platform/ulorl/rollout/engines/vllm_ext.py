@@ -1,12 +1,27 @@
 """Code that runs INSIDE vLLM's engine / worker processes (loaded by vLLM by qualified name).
 
-``WeightSyncExtension`` (vLLM ``worker_extension_cls``) adds ``ulorl_reload_weights(blob)`` to
-every worker: ``blob`` is a state dict written by ``torch.save`` and read back with
-``weights_only=True`` (plain bytes travel through vLLM's RPC without pickled code, so
-``VLLM_ALLOW_INSECURE_SERIALIZATION`` is not needed; raw tensors as ``collective_rpc``
-arguments reach the engine core as untyped buffers and fail to forward to multiprocess
-workers: "cannot pickle memoryview objects", vLLM 0.32). It then calls the worker's
-``reload_weights(weights_iterator=...)`` (HF parameter names; vLLM packs q/k/v, gate/up).
+``WeightSyncExtension`` (vLLM ``worker_extension_cls``) adds to every worker:
+
+- the streamed, bucketed update (``ulorl.rollout.weight_sync``), vLLM's own three-phase in-place
+  reload driven one bucket at a time: ``ulorl_start_update()`` (``initialize_layerwise_reload``:
+  each layer's loaders buffer until the layer has all its weights, then process and copy into
+  the live tensors), ``ulorl_load_bucket(buf)`` per bucket (``model.load_weights`` on the
+  bucket's tensors), ``ulorl_finish_update()`` (``finalize_layerwise_reload``). Calling
+  ``reload_weights`` per bucket instead would finalise after every bucket and process a layer
+  whose q / k / v (packed into one vLLM tensor) straddle two buckets with part of its weights.
+  A bucket travels as the path of a ``SharedBucket`` file in /dev/shm (the message is a few
+  bytes; the worker maps the file and loads views of it), or as packed bytes (``transport``
+  "inline": copied into vLLM's msgpack message, decoded, re-pickled to the workers). A numpy
+  array does not survive vLLM 0.32's untyped RPC arguments (it arrives as [dtype, shape, index]);
+- the old monolithic ``ulorl_reload_weights(blob)`` (one ``torch.save`` blob of the whole state
+  dict, read with ``weights_only=True``), kept for the ``weight-sync`` benchmark's comparison and
+  the prefix-cache negative-control test;
+- ``ulorl_malloc_trim()``: return freed heap pages to the OS (the benchmark's baselines).
+
+Plain bytes / arrays travel through vLLM's RPC without pickled code, so
+``VLLM_ALLOW_INSECURE_SERIALIZATION`` is not needed (raw tensors as ``collective_rpc`` arguments
+reach the engine core as untyped buffers and fail to forward to multiprocess workers: "cannot
+pickle memoryview objects", vLLM 0.32). Names are HF parameter names; vLLM packs q/k/v, gate/up.
 
 The logits processors below make the returned log-probs ``log_softmax(logits / T)`` untruncated.
 
@@ -37,10 +52,14 @@ machine without the extra does not fail (the classes are then unusable placehold
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import io
 from typing import Any
 
 import torch
+
+from ulorl.rollout.weight_sync import open_shared_bucket, unpack_bucket
 
 try:  # pragma: no cover - exercised in the vllm venv only
     from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
@@ -51,6 +70,10 @@ NORMALIZE_FQCN = "ulorl.rollout.engines.vllm_ext:NormalizeLogits"
 NORMALIZE_SCALED_FQCN = "ulorl.rollout.engines.vllm_ext:NormalizeScaledLogits"
 WORKER_EXTENSION = "ulorl.rollout.engines.vllm_ext.WeightSyncExtension"
 RELOAD_METHOD = "ulorl_reload_weights"
+START_METHOD = "ulorl_start_update"
+BUCKET_METHOD = "ulorl_load_bucket"
+FINISH_METHOD = "ulorl_finish_update"
+TRIM_METHOD = "ulorl_malloc_trim"
 LOGITS_PROCESSORS = [NORMALIZE_FQCN, NORMALIZE_SCALED_FQCN]
 LOGPROBS_MODE = "processed_logits"
 
@@ -99,3 +122,52 @@ class WeightSyncExtension:
         weights = torch.load(io.BytesIO(bytes(blob)), map_location="cpu", weights_only=True)
         self.reload_weights(weights_iterator=iter(list(weights.items())))  # type: ignore[attr-defined]
         return len(weights)
+
+    # ---------------------------------------------------------------- streamed update
+    def _ulorl_model(self) -> Any:
+        return self.model_runner.get_model()  # type: ignore[attr-defined]
+
+    def ulorl_start_update(self) -> bool:
+        """Phase 1: wrap every layer's weight loaders for a layerwise in-place reload."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config), torch.no_grad():  # type: ignore[attr-defined]
+            initialize_layerwise_reload(self._ulorl_model())
+        self._ulorl_loaded = 0
+        return True
+
+    def ulorl_load_bucket(self, buf: Any) -> int:
+        """Phase 2 (repeatable): load one bucket, a ``SharedBucket`` path (str) or a packed buffer;
+        returns its tensor count."""
+        from vllm.config import set_current_vllm_config
+
+        named = open_shared_bucket(buf) if isinstance(buf, str) else unpack_bucket(buf)
+        with set_current_vllm_config(self.vllm_config), torch.no_grad():  # type: ignore[attr-defined]
+            self._ulorl_model().load_weights(iter(named))
+        self._ulorl_loaded = getattr(self, "_ulorl_loaded", 0) + len(named)
+        return len(named)
+
+    def ulorl_finish_update(self) -> int:
+        """Phase 3: process layers still pending; returns the tensors loaded since phase 1."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        vcfg = self.vllm_config  # type: ignore[attr-defined]
+        with set_current_vllm_config(vcfg), torch.no_grad():
+            finalize_layerwise_reload(self._ulorl_model(), vcfg.model_config)
+        return int(getattr(self, "_ulorl_loaded", 0))
+
+    def ulorl_malloc_trim(self) -> bool:
+        return malloc_trim()
+
+
+def malloc_trim() -> bool:
+    """glibc ``malloc_trim(0)``: hand freed heap pages back to the OS (False where unavailable)."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False

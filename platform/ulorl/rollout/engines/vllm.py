@@ -658,7 +658,7 @@ class VLLMEngine:
         path = getattr(config, "_name_or_path", None) if config is not None else None
         if path and (Path(path) / "config.json").is_file():
             source = path
-        tp = int(tensor_parallel_size if tensor_parallel_size is not None else getattr(rollout_cfg, "tensor_parallel_size", 1))
+        tp = int(tensor_parallel_size or getattr(rollout_cfg, "tensor_parallel_size", None) or 1)
         return cls(
             source,
             eos_token_id=eos,

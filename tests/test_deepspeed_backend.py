@@ -114,7 +114,7 @@ def _params(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _script(argv: list[str]) -> None:
     from ulorl.models.loading import load_policy
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.distributed import worker_loop
+    from ulorl.train.worker import worker_loop
     from ulorl.train.update import policy_update
 
     ap = argparse.ArgumentParser()

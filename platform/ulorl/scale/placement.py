@@ -188,13 +188,12 @@ class EngineActor:
         import torch
 
         from ulorl.config import config_from_dict
-        from ulorl.models.loading import load_policy
         from ulorl.rollout.engines import make_engine
+        from ulorl.train.worker import load_model
 
         torch.set_num_threads(threads)
         cfg = config_from_dict(cfg_dict)
-        model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.rollout.device,
-                                 rope_scaling=cfg.model.rope_scaling, trust_remote_code=cfg.model.trust_remote_code)
+        model, tok = load_model(cfg, cfg.rollout.device)
         self.engine = make_engine(cfg.rollout, model, tok)
 
     def info(self) -> dict[str, Any]:

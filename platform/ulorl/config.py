@@ -173,6 +173,9 @@ class TrackingConfig(_Section):
     server_host: str = Field(
         "127.0.0.1", description="address the tracking server a sweep starts listens on; anything but loopback "
         "(e.g. the head node's IP, or 0.0.0.0) turns on MLflow basic auth")
+    server_auth: Optional[bool] = Field(
+        None, description="basic auth on the sweep's tracking server: None = on exactly when it listens beyond "
+        "loopback; true forces it on 127.0.0.1 too; false beyond loopback is refused")
     auth_env: str = Field(
         "ULORL_MLFLOW_PASSWORD", description="environment variable holding the tracking server's admin password "
         "when it listens beyond loopback (generated when unset; never printed or logged)")

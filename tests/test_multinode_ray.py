@@ -114,6 +114,8 @@ def test_two_node_sweep_places_trainer_and_engine_on_different_nodes(tmp_path):
     client = MlflowClient(store)
     parent = client.get_run(summary["parent_run_id"])
     assert parent.info.status == "FINISHED"
+    assert parent.data.params["sweep.tracking_auth"] == "basic"  # tracking.server_auth=true took effect
+    assert parent.data.params["sweep.tracking_server"].startswith("http://127.0.0.1:")
     exp = client.get_experiment(parent.info.experiment_id)
     assert exp.artifact_location.startswith("mlflow-artifacts:")  # created through the server, artifacts proxied
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
@@ -126,7 +128,9 @@ def test_two_node_sweep_places_trainer_and_engine_on_different_nodes(tmp_path):
         assert p["placement.nodes_used"] == "2" and p["placement.strategy"] == "PACK"
         steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "time/step_s"))
         assert steps == [1, 2, 3]  # the retried trial resumed into the same run, no step twice
-        assert "config/resolved.yaml" in [a.path for a in client.list_artifacts(run.info.run_id, "config")]
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # uploaded through the server
+    # the server stored the trials' artifacts beside the store (the trials never wrote there themselves)
+    assert len(list((tmp_path / "mlflow-artifacts").rglob("resolved.yaml"))) == 2
     resumed = [r for r in children if "ulorl.resumed_at_step" in r.data.tags]
     assert len(resumed) == 1 and resumed[0].data.tags["ulorl.resumed_at_step"] == "1"
     print(f"\ntwo-node sweep: {time.perf_counter() - t0:.0f} s, peak RSS (cluster + driver) {peak:.0f} MB")

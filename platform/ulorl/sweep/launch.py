@@ -195,6 +195,9 @@ class SweepRunner:
                              "sweep.num_samples": self.spec.num_samples, "sweep.search": self.spec.search.algorithm,
                              "sweep.max_concurrent": self.spec.max_concurrent,
                              "sweep.resources.cpu": self.spec.resources.cpu, "sweep.resources.gpu": self.spec.resources.gpu})
+        if self._server is not None:
+            space_params["sweep.tracking_server"] = self._server.uri
+            space_params["sweep.tracking_auth"] = "basic" if self._server.auth else "none"
         tracker = RunTracker.start(
             self.tracking_uri, experiment, f"sweep-{self.spec.name}", space_params,
             {schema.KIND_TAG: "sweep", schema.SWEEP_TAG: self.spec.name, "ulorl.sweep_dir": str(self.sweep_dir),
@@ -213,7 +216,7 @@ class SweepRunner:
         placed = any(needs_placement(c) for _, c in self._trial_configs())
         if self.spec.max_concurrent <= 1 and not placed and not self.address:
             return self.tracking_uri
-        tc = config_from_dict(self.base, str(self.base_path)).tracking
+        tc = config_from_dict(apply_overrides(self.base, dict(self.spec.overrides)), str(self.base_path)).tracking
         self._server = MlflowServer(self.tracking_uri, host=tc.server_host, auth=tc.server_auth,
                                     password=os.environ.get(tc.auth_env) or None)
         self._server.start()

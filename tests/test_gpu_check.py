@@ -15,17 +15,26 @@ import torch
 from ulorl.scale.gpu_check import STAGES
 
 # packages a bare GPU machine does not have: every stage must run or skip without them
-BLOCKED = ("mlflow", "ray", "vllm", "pandas", "optuna", "streamlit", "math_verify", "matplotlib", "rich", "sympy")
+BLOCKED = ("mlflow", "ray", "vllm", "pandas", "optuna", "streamlit", "math_verify", "matplotlib", "rich")  # (sympy, numpy, ... come with torch)
 
+# absent, as on a bare machine: importing fails, and find_spec (what optional-dependency probes
+# such as transformers' ask) answers None
 SITECUSTOMIZE = """
+import importlib.util
 import sys
 BLOCKED = {blocked!r}
 class _Block:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"{{name}} is blocked for this test")
+            raise ModuleNotFoundError(f"{{name}} is blocked for this test", name=name)
         return None
 sys.meta_path.insert(0, _Block())
+_find_spec = importlib.util.find_spec
+def find_spec(name, package=None):
+    if name.split(".")[0] in BLOCKED:
+        return None
+    return _find_spec(name, package)
+importlib.util.find_spec = find_spec
 """
 
 

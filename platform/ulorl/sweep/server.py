@@ -7,8 +7,10 @@
 
 * One server process serialises the trials' writes (SQLite locks under parallel writers); job
   execution is off and there is one worker (STACK.md: ~500 MB instead of ~2 GB).
-* Artifacts are proxied (``--serve-artifacts``): trials on any node upload through the server into
-  ``<db stem>-artifacts/`` beside the store, so no node needs the driver's filesystem.
+* With auth (beyond loopback, or forced) artifacts are proxied (``--serve-artifacts``): trials on any
+  node upload through the server into ``<db stem>-artifacts/`` beside the store, so no node needs the
+  driver's filesystem (reading them back then also goes through a server). On loopback without
+  auth they stay plain ``file://`` paths there, readable with the SQLite URI alone.
 * Beyond loopback the server runs MLflow's basic-auth app (``mlflow[auth]``): an admin user whose
   password comes from ``password`` or is generated (``secrets``), handed to the server through its
   environment (``MLFLOW_AUTH_ADMIN_PASSWORD``) and to clients through ``client_env()``; it is never
@@ -82,6 +84,8 @@ class MlflowServer:
         db = Path(sqlite_uri[len("sqlite:///"):])
         self.artifacts = Path((artifact_root_for(sqlite_uri) or "")[len("file://"):])
         self.log_path = log_path or db.parent / f"{db.stem}-server.log"
+        # cluster mode (auth on or beyond loopback): trials on other nodes upload through the server
+        self.proxy_artifacts = self.auth or not is_loopback(host)
         self.proc: Optional[subprocess.Popen] = None
         self._auth_dir: Optional[Path] = None
 
@@ -93,9 +97,12 @@ class MlflowServer:
 
     def _command(self) -> list[str]:
         exe = Path(sys.executable).with_name("mlflow")
-        cmd = [str(exe) if exe.exists() else "mlflow", "server", "--backend-store-uri", self.store,
-               "--serve-artifacts", "--artifacts-destination", self.artifacts.as_uri(),
-               "--host", self.host, "--port", str(self.port), "--workers", "1"]
+        cmd = [str(exe) if exe.exists() else "mlflow", "server", "--backend-store-uri", self.store]
+        if self.proxy_artifacts:
+            cmd += ["--serve-artifacts", "--artifacts-destination", self.artifacts.as_uri()]
+        else:  # one machine: artifacts stay plain files beside the store, readable without a server
+            cmd += ["--default-artifact-root", self.artifacts.as_uri()]
+        cmd += ["--host", self.host, "--port", str(self.port), "--workers", "1"]
         if not is_loopback(self.host):
             adv = advertised_host(self.host)
             cmd += ["--allowed-hosts", f"{adv},{adv}:{self.port},localhost,localhost:{self.port},127.0.0.1,"

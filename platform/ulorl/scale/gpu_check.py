@@ -110,10 +110,12 @@ def synthetic_groups(vocab: int, groups: int = 4, group_size: int = 4, seed: int
     return out
 
 
-def _decode(ctx: StageContext, engine: Any, tok: Any, rows: int = 16, new: int = 64, greedy: bool = False) -> dict[str, Any]:
+def _decode(ctx: StageContext, engine: Any, tok: Any, rows: int = 16, new: int = 64, greedy: bool = False,
+            prompt_repeat: int = 1) -> dict[str, Any]:
+    """``rows`` prompts (``prompt_repeat`` copies of a short sum each: > 1 spans full KV blocks)."""
     from ulorl.rollout.types import GenerationRequest, SamplingParams
 
-    prompts = [tok.encode(f"Compute {i} + {2 * i} =") for i in range(rows)]
+    prompts = [tok.encode(" ".join([f"Compute {i} + {2 * i} ="] * prompt_repeat)) for i in range(rows)]
     reqs = [GenerationRequest(request_id=i, prompt_ids=p, prefix_ids=[], max_new_tokens=new, seed=i)
             for i, p in enumerate(prompts)]
     sampling = SamplingParams(temperature=0.85, seed=0, **({"greedy": True} if greedy else {}))
@@ -321,11 +323,14 @@ def stage_vllm(ctx: StageContext) -> dict[str, Any]:
         out["logprob_max_abs_diff"] = round(max(lp), 5) if lp else None
         if same < len(ref) - 1:
             raise RuntimeError(f"vLLM and HF greedy decodes agree on {same} of {len(ref)} rows only")
-        # prefix cache: the same prompts again hit it; after a weight update it is empty
-        _decode(ctx, eng, tok, rows=8, new=4)
+        # prefix cache: prompts of several KV blocks hit it the second time; after a weight update it is empty
+        _decode(ctx, eng, tok, rows=8, new=4, prompt_repeat=12)
+        _decode(ctx, eng, tok, rows=8, new=4, prompt_repeat=12)
         out["cached_tokens_repeat"] = int(eng.last_cached_tokens)
+        if out["cached_tokens_repeat"] == 0:
+            raise RuntimeError("the prefix cache never hit on repeated multi-block prompts")
         eng.update_weights({k: v.detach() for k, v in hf_model.state_dict().items()}, version=1)
-        _decode(ctx, eng, tok, rows=8, new=4)
+        _decode(ctx, eng, tok, rows=8, new=4, prompt_repeat=12)
         out["cached_tokens_after_update"] = int(eng.last_cached_tokens)
         if out["cached_tokens_after_update"] != 0:
             raise RuntimeError(f"prefix cache served {out['cached_tokens_after_update']} tokens after a weight update")

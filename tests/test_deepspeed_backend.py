@@ -124,7 +124,7 @@ def _param_memory(backend) -> dict[str, float]:
 def _script(argv: list[str]) -> None:
     from ulorl.models.loading import load_policy
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.distributed import worker_loop
+    from ulorl.train.worker import worker_loop
     from ulorl.train.update import policy_update
 
     ap = argparse.ArgumentParser()
@@ -309,12 +309,18 @@ def test_gpu_check_without_cuda_exits_2_with_a_clear_message():
 @pytest.mark.slow
 def test_gpu_check_script_passes_on_cpu(tmp_path):
     """The GPU check's stages (engine, DeepSpeed ZeRO-2 bf16 steps, save/load, trainer run) on CPU."""
+    from ulorl.scale.gpu_check import STAGES
+
+    stages = [s for s in STAGES if s != "long_rows"]  # long_rows needs ulorl.train.memory_bench (own tests)
     out = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--device", "cpu", "--json", "--steps", "2",
+                          "--stages", ",".join(stages), "--budget-s", "550",
                           "--keep", str(tmp_path / "work")], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     report = json.loads(out.stdout)
-    assert report["ok"] and [s["stage"] for s in report["stages"]] == ["cuda", "model", "hf_engine", "deepspeed", "trainer"]
+    assert report["ok"] and [s["stage"] for s in report["stages"]] == stages
+    assert {s["stage"] for s in report["stages"] if s["status"] == "pass"} >= {"env", "model", "hf_engine", "zero2",
+                                                                               "zero3", "trainer"}
 
 
 def test_scale_modules_do_not_import_deepspeed_or_ray():

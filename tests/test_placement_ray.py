@@ -133,7 +133,7 @@ def test_cli_ray_refuses_a_gpu_placement_on_a_cpu_machine(tmp_path, model_arg):
            "resources.gpus_per_trainer_worker=1", f"tracking.uri=sqlite:///{tmp_path}/m.db", "--ray"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "needs 2 GPU in total but the Ray cluster has 0" in out.stderr
+    assert "2 GPU needed" in out.stderr and "the largest node" in out.stderr
 
 
 @pytest.mark.slow
@@ -177,3 +177,47 @@ def test_run_placement_inside_a_tune_trial(tmp_path, model_arg):
     assert r.metrics["step"] == 2
     params = MlflowClient(uri).get_run(r.metrics["run_id"]).data.params
     assert params["placement.trainer_workers"] == "2" and params["placement.address"] == "existing"
+
+
+# ----------------------------------------------------------------------------- multi-node layout (pure)
+
+
+def test_node_layout_packs_roles_per_node_and_spreads_over_nodes():
+    from ulorl.scale.placement import node_layout
+
+    cfg = _cfg(trainer_workers=8, rollout_engines=8, gpus_per_trainer_worker=1, gpus_per_engine=1, nodes=2,
+               gpus_per_node=8, cpus_per_node=32)
+    lay = node_layout(cfg)
+    assert lay["strategy"] == "PACK"
+    assert lay["layout"][0]["roles"] == [f"trainer.{i}" for i in range(8)]
+    assert lay["layout"][1]["roles"] == [f"engine.{j}" for j in range(8)]
+    assert lay["layout"][1]["used"] == {"CPU": 8.0, "GPU": 8.0}
+    # the same roles on one 8-GPU node cannot be placed: the message names the bundle that does not fit
+    with pytest.raises(PlacementError, match=r"bundle engine\.0 .* resources.nodes=1"):
+        node_layout(cfg.model_copy(update={"resources": cfg.resources.model_copy(update={"nodes": 1})}))
+
+
+def test_check_nodes_hold_names_the_bundle_and_the_largest_node():
+    from ulorl.scale.placement import check_nodes_hold
+
+    nodes = [{"node_id": "aaaa" * 8, "ip": "10.0.0.1", "resources": {"CPU": 4.0, "GPU": 8.0}},
+             {"node_id": "bbbb" * 8, "ip": "10.0.0.2", "resources": {"CPU": 4.0, "GPU": 2.0}}]
+    ok = [{"CPU": 1.0, "GPU": 8.0}, {"CPU": 1.0, "GPU": 2.0}]
+    assert check_nodes_hold(ok, ["trainer.0", "engine.0"], "PACK", nodes) is None
+    why = check_nodes_hold([{"CPU": 1.0, "GPU": 16.0}], ["trainer.0"], "PACK", nodes)
+    assert "bundle trainer.0" in why and "largest node (10.0.0.1" in why and "8 GPU" in why
+    why = check_nodes_hold(ok, ["trainer.0", "engine.0"], "STRICT_PACK", nodes)
+    assert "packs all bundles on one node" in why and "10 GPU needed" in why
+    why = check_nodes_hold([{"CPU": 3.0}] * 3, ["trainer.0", "trainer.1", "engine.0"], "PACK", nodes)
+    assert "9 CPU in total" in why
+
+
+def test_paper_profiles_fit_8_gpu_nodes():
+    from ulorl.config import load_experiment
+    from ulorl.scale.placement import node_layout
+
+    for name in ("qwen3_4b_128k", "qwen3_8b_128k", "qwen3_30b_a3b_128k", "qwen3_30b_a3b_140k_yarn_eval"):
+        cfg = load_experiment(str(Path(__file__).resolve().parents[1] / "experiments" / "paper" / f"{name}.yaml"), [])
+        lay = node_layout(cfg)
+        assert cfg.resources.gpus_per_node == 8, name
+        assert all(n["used"]["GPU"] <= 8 for n in lay["layout"]), name

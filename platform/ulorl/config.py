@@ -205,7 +205,12 @@ class ResourcesConfig(_Section):
     gpus_per_engine: float = Field(0.0, ge=0, description="also the vLLM tensor-parallel size when > 1")
     cpus_per_trainer_worker: float = Field(1.0, gt=0, description="CPUs reserved per trainer worker")
     cpus_per_engine: float = Field(1.0, gt=0, description="CPUs reserved per rollout engine")
-    nodes: int = Field(1, ge=1, description="1 = everything on one machine (STRICT_PACK); > 1 = spread (PACK)")
+    nodes: int = Field(1, ge=1, description="machines the run spans: 1 packs every bundle on one node (STRICT_PACK), "
+                      "more packs roles per node and spreads them over nodes (PACK)")
+    gpus_per_node: Optional[float] = Field(
+        None, ge=0, description="GPUs of one node (e.g. 8); with cpus_per_node, --dry-run lays the bundles out on "
+        "`nodes` such nodes and refuses a layout that does not fit; None = not declared")
+    cpus_per_node: Optional[float] = Field(None, gt=0, description="CPUs of one node; None = not declared")
 
 
 class TrainConfig(_Section):
@@ -246,6 +251,15 @@ class TrackingConfig(_Section):
     sample_every: int = Field(5, ge=1, description="log sampled responses every N steps")
     samples_per_log: int = Field(4, ge=0, description="responses per sample log (0 = none)")
     tags: dict[str, str] = Field(default_factory=dict, description="extra MLflow tags of the run")
+    server_host: str = Field(
+        "127.0.0.1", description="address the tracking server a sweep starts listens on; anything but loopback "
+        "(e.g. the head node's IP, or 0.0.0.0) turns on MLflow basic auth")
+    server_auth: Optional[bool] = Field(
+        None, description="basic auth on the sweep's tracking server: None = on exactly when it listens beyond "
+        "loopback; true forces it on 127.0.0.1 too; false beyond loopback is refused")
+    auth_env: str = Field(
+        "ULORL_MLFLOW_PASSWORD", description="environment variable holding the tracking server's admin password "
+        "when it listens beyond loopback (generated when unset; never printed or logged)")
 
 
 class EvalConfig(_Section):

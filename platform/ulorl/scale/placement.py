@@ -106,6 +106,100 @@ def check_fits(bundles: list[dict[str, float]], strategy: str, cluster: dict[str
     return None
 
 
+def bundle_roles(cfg: "ExperimentConfig") -> list[str]:
+    """``trainer.<i>`` then ``engine.<j>``: the role of each of ``placement_bundles(cfg)``."""
+    r = cfg.resources
+    return [f"trainer.{i}" for i in range(r.trainer_workers)] + [f"engine.{j}" for j in range(r.rollout_engines)]
+
+
+def node_shape(cfg: "ExperimentConfig") -> dict[str, float]:
+    """The declared per-node resources (``gpus_per_node`` / ``cpus_per_node``; empty when undeclared)."""
+    r = cfg.resources
+    shape = {}
+    if r.cpus_per_node is not None:
+        shape["CPU"] = float(r.cpus_per_node)
+    if r.gpus_per_node is not None:
+        shape["GPU"] = float(r.gpus_per_node)
+    return shape
+
+
+def _fits(bundle: dict[str, float], free: dict[str, float]) -> bool:
+    return all(bundle.get(k, 0.0) <= free.get(k, 0.0) + 1e-9 for k in bundle if k in free)
+
+
+def node_layout(cfg: "ExperimentConfig") -> dict[str, Any]:
+    """Where the bundles go on ``resources.nodes`` nodes of the declared shape (pure, for ``--dry-run``).
+
+    Bundles are taken in order (trainer workers, then engines) and each goes to the first node with
+    room, so a role fills a node before the next node is used: 8 trainer + 8 engine GPUs on 2 x 8-GPU
+    nodes give one node of trainers and one of engines. Ray's PACK strategy packs the same way; the
+    layout it picks may differ in which node gets which role. Raises ``PlacementError`` naming the
+    first bundle that fits on none of the nodes.
+    """
+    r = cfg.resources
+    bundles, roles, shape = placement_bundles(cfg), bundle_roles(cfg), node_shape(cfg)
+    out: dict[str, Any] = {"strategy": placement_strategy(cfg), "nodes": r.nodes, "node_shape": shape or "undeclared"}
+    if not shape:
+        return out
+    free = [dict(shape) for _ in range(r.nodes)]
+    nodes: list[list[str]] = [[] for _ in range(r.nodes)]
+    for role, b in zip(roles, bundles):
+        k = next((k for k in range(r.nodes) if _fits(b, free[k])), None)
+        if k is None:
+            raise PlacementError(
+                f"bundle {role} {b} fits on none of resources.nodes={r.nodes} node(s) of {shape} once the bundles "
+                f"before it are placed (node use: {[{'roles': len(n), **f} for n, f in zip(nodes, free)]} free); "
+                f"raise resources.nodes or shrink the roles"
+            )
+        for key in shape:
+            free[k][key] -= b.get(key, 0.0)
+        nodes[k].append(role)
+    out["layout"] = [{"node": k, "roles": nodes[k], "used": {key: shape[key] - free[k][key] for key in shape}}
+                     for k in range(r.nodes)]
+    return out
+
+
+def cluster_nodes() -> list[dict[str, Any]]:
+    """Alive nodes of the connected Ray cluster: ``{"node_id", "ip", "resources"}``."""
+    import ray
+
+    return [{"node_id": n["NodeID"], "ip": n.get("NodeManagerAddress", ""), "resources": n.get("Resources", {})}
+            for n in ray.nodes() if n.get("Alive")]
+
+
+def check_nodes_hold(bundles: list[dict[str, float]], roles: list[str], strategy: str,
+                     nodes: list[dict[str, Any]]) -> Optional[str]:
+    """Why the cluster's ``nodes`` (from ``cluster_nodes``) cannot hold ``bundles``, or None.
+
+    Ray leaves a placement group it cannot place pending forever (a Tune trial waits with it), so
+    this is checked before anything is asked of Ray: every bundle must fit on one node (the whole
+    group for STRICT_PACK), and the totals must fit the cluster.
+    """
+    if not nodes:
+        return "the Ray cluster has no alive node"
+
+    def size(n: dict[str, Any]) -> tuple[float, float]:
+        return float(n["resources"].get("GPU", 0.0)), float(n["resources"].get("CPU", 0.0))
+
+    largest = max(nodes, key=size)
+    big = {k: largest["resources"].get(k, 0.0) for k in ("CPU", "GPU")}
+    where = f"the largest node ({largest['ip']}, node id {largest['node_id'][:12]}) has {big['CPU']:g} CPU, {big['GPU']:g} GPU"
+    if strategy == "STRICT_PACK":
+        total = {k: sum(b.get(k, 0.0) for b in bundles) for k in ("CPU", "GPU")}
+        if not any(_fits(total, {k: n["resources"].get(k, 0.0) for k in ("CPU", "GPU")}) for n in nodes):
+            return (f"resources.nodes=1 packs all bundles on one node: {total['CPU']:g} CPU, {total['GPU']:g} GPU "
+                    f"needed, {where}")
+    for role, b in zip(roles, bundles):
+        if not any(_fits(b, {k: n["resources"].get(k, 0.0) for k in ("CPU", "GPU")}) for n in nodes):
+            return f"bundle {role} {b} fits on no node of the Ray cluster: {where}"
+    for k in ("CPU", "GPU"):
+        need = sum(b.get(k, 0.0) for b in bundles)
+        have = sum(float(n["resources"].get(k, 0.0)) for n in nodes)
+        if need > have + 1e-9:
+            return f"the bundles need {need:g} {k} in total, the Ray cluster's {len(nodes)} node(s) have {have:g}"
+    return None
+
+
 def validate_layout(cfg: "ExperimentConfig") -> None:
     r = cfg.resources
     if r.trainer_workers > 1 and cfg.train.backend != "deepspeed":
@@ -188,13 +282,12 @@ class EngineActor:
         import torch
 
         from ulorl.config import config_from_dict
-        from ulorl.models.loading import load_policy
         from ulorl.rollout.engines import make_engine
+        from ulorl.train.worker import load_model
 
         torch.set_num_threads(threads)
         cfg = config_from_dict(cfg_dict)
-        model, tok = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, device=cfg.rollout.device,
-                                 rope_scaling=cfg.model.rope_scaling, trust_remote_code=cfg.model.trust_remote_code)
+        model, tok = load_model(cfg, cfg.rollout.device)
         self.engine = make_engine(cfg.rollout, model, tok)
 
     def info(self) -> dict[str, Any]:
@@ -266,9 +359,11 @@ def placement_params(cfg: "ExperimentConfig", address: str, strategy: str, bundl
     }
     for i, info in enumerate(trainer_info):
         out[f"placement.trainer.{i}.node_ip"] = info["node_ip"]
+        out[f"placement.trainer.{i}.node_id"] = info["node_id"]
         out[f"placement.trainer.{i}.resources"] = json.dumps(bundles[i])
     for j, info in enumerate(engine_info):
         out[f"placement.engine.{j}.node_ip"] = info["node_ip"]
+        out[f"placement.engine.{j}.node_id"] = info["node_id"]
         out[f"placement.engine.{j}.resources"] = json.dumps(bundles[n + j])
     return out
 
@@ -364,10 +459,9 @@ def run_placement(
         pg = _current_trial_pg(len(bundles))
         offset = 1 if pg is not None else 0
         if pg is None:
-            nodes = [nd.get("Resources", {}) for nd in ray.nodes() if nd.get("Alive")]
-            why = check_fits(bundles, strategy, ray.cluster_resources(), nodes)
+            why = check_nodes_hold(bundles, bundle_roles(cfg), strategy, cluster_nodes())
             if why:
-                raise PlacementError(f"{why} (bundles {bundles})")
+                raise PlacementError(why)
             own_pg = pg = placement_group(bundles, strategy=strategy, name=f"ulorl-{cfg.name}-{os.getpid()}")
             ready, _ = ray.wait([pg.ready()], timeout=PG_READY_TIMEOUT_S)
             if not ready:

@@ -14,16 +14,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict, flatten_config
+from ulorl.scale.placement import PlacementError
 from ulorl.sweep import ranking
-from ulorl.sweep.spec import SweepSpec, grid_trials, load_sweep, trial_run_name
+from ulorl.sweep.placed import check_trials_fit, needs_placement, run_placed_trial, trial_resources
+from ulorl.sweep.server import MlflowServer
+from ulorl.sweep.spec import SweepError, SweepSpec, grid_trials, load_sweep, trial_run_name
 from ulorl.tracking import resolve_tracking_uri, schema
-from ulorl.tracking.run import RunTracker, get_or_create_experiment
+from ulorl.tracking.run import RunTracker
+from ulorl.train.checkpoint import LATEST, checkpoint_root, latest_checkpoint
+from ulorl.train.trainer import Trainer
 
 STATE_FILE = "sweep_state.json"
 FAIL_ENV = "ULORL_INJECT_FAILURE"   # "STEP:MARKER_PATH": fail once at STEP (tests of fault tolerance)
@@ -37,8 +41,6 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
     ``meta`` (bound with ``tune.with_parameters``) holds the sweep-wide settings.
     """
     import ray.tune as tune
-
-    from ulorl.train.trainer import Trainer
 
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()
@@ -62,13 +64,13 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
         seeded = apply_overrides(base, overrides)
         overrides["train.seed"] = int(seeded.get("train", {}).get("seed", 0)) + rep
         overrides["rollout.seed"] = int(seeded.get("rollout", {}).get("seed", 0)) + rep
-    overrides["train.threads"] = max(1, int(meta["cpu"]))
+    placed = needs_placement(config_from_dict(apply_overrides(base, overrides), source=meta["base_path"]))
+    if not placed:  # a placed trial's actors take one thread per CPU of their own bundle
+        overrides["train.threads"] = max(1, int(meta["cpu"]))
     cfg = config_from_dict(apply_overrides(base, overrides), source=meta["base_path"])
 
     run_dir = Path(meta["sweep_dir"]) / "trials" / trial_id
     _restore_tune_checkpoint(tune.get_checkpoint(), run_dir)
-    from ulorl.train.checkpoint import latest_checkpoint
-
     resume = str(run_dir) if latest_checkpoint(run_dir) is not None else None
     fail_at = None
     inj = os.environ.get(FAIL_ENV)
@@ -96,6 +98,11 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
             tune.report(out)
 
     last_obj: dict[str, float] = {}
+    if placed:
+        run_placed_trial(cfg, run_dir=run_dir, resume=resume, tracking_uri=meta["trial_tracking_uri"], report=report,
+                         parent_run_id=meta["parent_run_id"], extra_tags=tags, fail_at_step=fail_at,
+                         eval_at_start=True)
+        return
     Trainer(
         cfg, run_dir=run_dir, resume=resume, tracking_uri=meta["trial_tracking_uri"],
         parent_run_id=meta["parent_run_id"], extra_tags=tags, step_callback=report, progress=False,
@@ -103,10 +110,17 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
     ).run()
 
 
+def trial_config(config: dict[str, Any], meta: dict[str, Any]) -> ExperimentConfig:
+    """The experiment a trial with Tune ``config`` runs (resources decided by it), before seeds/threads."""
+    over = dict(meta["fixed"])
+    if "__trial__" in config:
+        over.update(meta["grid"][int(config["__trial__"])].get("trial_overrides") or {})
+    over.update({k: v for k, v in config.items() if k != "__trial__"})
+    return config_from_dict(apply_overrides(meta["base_dict"], over), source=meta["base_path"])
+
+
 def _restore_tune_checkpoint(checkpoint: Any, run_dir: Path) -> None:
     """On another machine, Tune hands back the trial's checkpoint: put it where the trainer looks."""
-    from ulorl.train.checkpoint import LATEST, checkpoint_root, latest_checkpoint
-
     if checkpoint is None or latest_checkpoint(run_dir) is not None:
         return
     with checkpoint.as_directory() as d:
@@ -160,6 +174,7 @@ class SweepRunner:
         self.sweep_path = Path(sweep_path).resolve()
         self.spec, self.base_path, self.base = load_sweep(self.sweep_path)
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        self.store_uri = self.tracking_uri  # the store itself (the driver's server, if any, fronts it)
         self.address = address
         self.output_dir = Path(output_dir or "runs").resolve()
         self.sweep_dir = self.output_dir / "sweeps" / self.spec.name
@@ -188,6 +203,9 @@ class SweepRunner:
                              "sweep.num_samples": self.spec.num_samples, "sweep.search": self.spec.search.algorithm,
                              "sweep.max_concurrent": self.spec.max_concurrent,
                              "sweep.resources.cpu": self.spec.resources.cpu, "sweep.resources.gpu": self.spec.resources.gpu})
+        if self._server is not None:
+            space_params["sweep.tracking_server"] = self._server.uri
+            space_params["sweep.tracking_auth"] = "basic" if self._server.auth else "none"
         tracker = RunTracker.start(
             self.tracking_uri, experiment, f"sweep-{self.spec.name}", space_params,
             {schema.KIND_TAG: "sweep", schema.SWEEP_TAG: self.spec.name, "ulorl.sweep_dir": str(self.sweep_dir),
@@ -195,18 +213,51 @@ class SweepRunner:
         )
         tracker.log_text(self.sweep_path.read_text(), "sweep/spec.yaml")
         state_path.write_text(json.dumps({"parent_run_id": tracker.run_id, "experiment": experiment,
-                                          "tracking_uri": self.tracking_uri}))
+                                          "tracking_uri": self.store_uri}))
         (self.output_dir / "sweeps" / f"{self.spec.name}.latest").write_text(str(self.sweep_dir))
         return tracker.run_id
 
     def _trial_uri(self) -> str:
-        if self.spec.max_concurrent > 1 and self.tracking_uri.startswith("sqlite:"):
-            from ulorl.sweep.server import MlflowServer
+        """Start the driver's tracking server when trials need one (``ulorl.sweep.server``); its URI."""
+        if not self.tracking_uri.startswith("sqlite:"):
+            return self.tracking_uri  # a server the user named: trials use it as it is
+        placed = any(needs_placement(c) for _, c in self._trial_configs())
+        if self.spec.max_concurrent <= 1 and not placed and not self.address:
+            return self.tracking_uri
+        tc = config_from_dict(apply_overrides(self.base, dict(self.spec.overrides)), str(self.base_path)).tracking
+        self._server = MlflowServer(self.tracking_uri, host=tc.server_host, auth=tc.server_auth,
+                                    password=os.environ.get(tc.auth_env) or None)
+        self._server.start()
+        return self._server.uri
 
-            self._server = MlflowServer(self.tracking_uri)
-            self._server.start()
-            return self._server.uri
-        return self.tracking_uri
+    def _trial_configs(self) -> list[tuple[str, ExperimentConfig]]:
+        """(label, experiment) of every grid trial (optuna: the base with the fixed overrides)."""
+        fixed = dict(self.spec.overrides)
+        if self.spec.search.algorithm == "grid":
+            return [(t["variant"] or str(i), config_from_dict(apply_overrides(self.base, {**fixed, **t["overrides"]}),
+                                                              str(self.base_path)))
+                    for i, t in enumerate(grid_trials(self.spec))]
+        return [("optuna", config_from_dict(apply_overrides(self.base, fixed), str(self.base_path)))]
+
+    def _trial_env(self) -> dict[str, str]:
+        """Environment every trial (and its actors) gets through Ray's runtime_env: tracking credentials,
+        the failure-injection switch of the tests. Never printed."""
+        env = dict(self._server.client_env()) if self._server is not None else {}
+        if os.environ.get(FAIL_ENV):
+            env[FAIL_ENV] = os.environ[FAIL_ENV]
+        return env
+
+    def _resources(self, meta: dict[str, Any]) -> Any:
+        cpu, gpu = self.spec.resources.cpu, self.spec.resources.gpu
+        if not any(needs_placement(c) for _, c in self._trial_configs()):
+            return {"cpu": cpu, "gpu": gpu}
+        from ray.tune import PlacementGroupFactory
+
+        def per_trial(config: dict[str, Any]) -> Any:
+            res = trial_resources(trial_config(config, meta), cpu, gpu)
+            return res if isinstance(res, PlacementGroupFactory) else PlacementGroupFactory(
+                [{"CPU": cpu, **({"GPU": gpu} if gpu else {})}])
+        return per_trial
 
     # ---------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
@@ -218,14 +269,23 @@ class SweepRunner:
             latest = self.output_dir / "sweeps" / f"{self.spec.name}.latest"
             if latest.is_file():
                 self.sweep_dir = Path(latest.read_text().strip())
-        parent = self._parent_run()
         trial_uri = self._trial_uri()
+        saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
         try:
+            if self._server is not None:  # the driver writes through the server too (proxied artifacts)
+                os.environ.update(self._server.client_env())
+                self.tracking_uri = trial_uri
+            parent = self._parent_run()
+            runtime_env = {"env_vars": self._trial_env()}
             if self.address:
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=True)
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
             else:
                 ray.init(num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
-                         log_to_driver=True, ignore_reinit_error=True)
+                         log_to_driver=True, ignore_reinit_error=True, runtime_env=runtime_env)
+            try:
+                check_trials_fit(self._trial_configs())
+            except PlacementError as exc:
+                raise SweepError(str(exc)) from None
             meta = {
                 "base_dict": self.base, "base_path": str(self.base_path), "sweep_dir": str(self.sweep_dir),
                 "sweep_name": self.spec.name, "parent_run_id": parent, "trial_tracking_uri": trial_uri,
@@ -237,8 +297,7 @@ class SweepRunner:
             if self.spec.search.algorithm == "grid":
                 meta["grid"] = [{"trial_overrides": t["overrides"], "variant": t["variant"], "repeat": t["repeat"],
                                  "trial_tags": t["tags"]} for t in grid_trials(self.spec)]
-            trainable = tune.with_resources(tune.with_parameters(trial_fn, meta=meta),
-                                            {"cpu": self.spec.resources.cpu, "gpu": self.spec.resources.gpu})
+            trainable = tune.with_resources(tune.with_parameters(trial_fn, meta=meta), self._resources(meta))
             storage = str(self.sweep_dir / "tune")
             if self.resume and tune.Tuner.can_restore(os.path.join(storage, self.spec.name)):
                 tuner = tune.Tuner.restore(os.path.join(storage, self.spec.name), trainable,
@@ -250,11 +309,18 @@ class SweepRunner:
             if self.spec.baseline is not None:
                 extra = tune.Tuner(trainable, **self._extra_tuner_kwargs(results))
                 errors += [str(r.error) for r in extra.fit() if r.error is not None]
+            ray.shutdown()
+            summary = self._finish(parent)
         finally:
+            ray.shutdown()
             if self._server is not None:
                 self._server.stop()
-            ray.shutdown()
-        summary = self._finish(parent)
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            self.tracking_uri = self.store_uri
         summary["errors"] = errors
         return summary
 
@@ -349,7 +415,7 @@ class SweepRunner:
                 tracker.add_metrics({f"best/{self.spec.metrics[0]}": best["objective"]}, step=0)
         tracker.add_metrics({"sweep/trials": len(summary["ranking"])}, step=0)
         tracker.end("FINISHED")
-        return {**summary, "parent_run_id": parent, "sweep_dir": str(self.sweep_dir), "tracking_uri": self.tracking_uri}
+        return {**summary, "parent_run_id": parent, "sweep_dir": str(self.sweep_dir), "tracking_uri": self.store_uri}
 
 
 def flat_overrides_of(cfg: ExperimentConfig) -> dict[str, Any]:

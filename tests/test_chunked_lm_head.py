@@ -164,3 +164,18 @@ def test_forward_saves_no_token_by_vocab_tensor():
         lp, ent = logprobs_from_hidden(h, w, labels, chunk_tokens=8)
         (lp.sum() + ent.sum()).backward()
     assert saved and max(saved) <= vocab * hdim
+
+
+def test_logprobs_only_pass_has_the_same_gradient():
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(6, 4, generator=g, requires_grad=True)
+    w = torch.randn(9, 4, generator=g, requires_grad=True)
+    labels = torch.tensor([1, 2, -100, 4, 5, 8])
+    lp, ent = logprobs_from_hidden(h, w, labels, 0.8, chunk_tokens=4, with_entropy=False)
+    assert (ent == 0).all() and not ent.requires_grad
+    got = torch.autograd.grad(lp.sum(), (h, w))
+    rlp, _ = _ref(h, w, None, labels, 0.8)
+    want = torch.autograd.grad(rlp.sum(), (h, w))
+    torch.testing.assert_close(lp, rlp, **TOL)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)

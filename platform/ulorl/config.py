@@ -165,7 +165,7 @@ class TrainConfig(_Section):
         "chunked", description="chunked: hidden states through lm_head in token chunks; full: [T, V] model logits"
     )
     logprob_chunk_tokens: Optional[int] = Field(
-        None, ge=1, description="tokens per lm_head chunk; default: float32 [chunk x vocab] of <= 2**24 elements"
+        None, ge=1, description="tokens per lm_head chunk; default: float32 [chunk x vocab] of <= 2**25 elements"
     )
     sequence_parallel: int = Field(1, ge=1, description="sequence-parallel degree for rows longer than one device")
 

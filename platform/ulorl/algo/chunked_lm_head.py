@@ -33,8 +33,10 @@ from torch.utils.checkpoint import checkpoint
 from ulorl.algo._chunking import check_temperature, compute_dtype
 from ulorl.algo.logprobs import logprobs_and_entropy
 
-#: Token rows per chunk by default: one float32 [rows x V] temporary of at most this many elements.
-HIDDEN_CHUNK_ELEMENTS = 2**24
+#: Token rows per chunk by default: one float32 [rows x V] temporary of at most this many elements
+#: (2**25 = 128 MiB; 220 rows at Qwen3's V = 151,936). Much smaller chunks are slower on CPU: each
+#: chunk's weight-gradient update reads and writes the whole float32 [V, H].
+HIDDEN_CHUNK_ELEMENTS = 2**25
 
 
 def hidden_chunk_rows(vocab: int, chunk_tokens: Optional[int]) -> int:
@@ -60,26 +62,31 @@ class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx: Any, h: Tensor, weight: Tensor, bias: Optional[Tensor], labels: Tensor,
-        temperature: float, rows: int, mm_dtype: torch.dtype,
+        temperature: float, rows: int, mm_dtype: torch.dtype, with_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)  # an unused output (often the entropy) gets None, not zeros
         n = h.shape[0]
         cd = compute_dtype(mm_dtype)
         logp = torch.empty(n, dtype=cd, device=h.device)
         lse_all = torch.empty(n, dtype=cd, device=h.device)
-        ent = torch.empty(n, dtype=cd, device=h.device)
+        ent = torch.zeros(n if with_entropy else 0, dtype=cd, device=h.device)
         zero = torch.zeros((), dtype=cd, device=h.device)
         w = weight.to(mm_dtype)
-        b = bias.to(mm_dtype) if bias is not None else None
+        # scale the [c, H] input (and bias) by 1 / t rather than the [c, V] logits: one pass less
+        b = (bias / temperature).to(mm_dtype) if bias is not None else None
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, rows):
                 e = min(s + rows, n)
-                x = torch.nn.functional.linear(h[s:e].to(mm_dtype), w, b).to(cd).div_(temperature)
+                x = torch.nn.functional.linear((h[s:e] / temperature).to(mm_dtype), w, b).to(cd)
                 lse = torch.logsumexp(x, dim=-1)
                 lse_all[s:e] = lse
                 logp[s:e] = x.gather(-1, labels[s:e, None]).squeeze(-1) - lse
-                x.sub_(lse[:, None])  # log p
-                p = x.exp()
-                ent[s:e] = -torch.where(p > 0, p * x, zero).sum(dim=-1)
+                if with_entropy:
+                    x.sub_(lse[:, None])  # log p
+                    p = x.exp()
+                    ent[s:e] = -torch.where(p > 0, p * x, zero).sum(dim=-1)
+        if not with_entropy:
+            ctx.mark_non_differentiable(ent)
         ctx.save_for_backward(h, weight, bias, labels, lse_all, ent)
         ctx.temperature, ctx.rows, ctx.mm_dtype = temperature, rows, mm_dtype
         return logp, ent
@@ -96,37 +103,41 @@ class _LinearLogProbs(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         zero = torch.zeros((), dtype=cd, device=h.device)
         gl = (g_logp.to(cd) / t) if g_logp is not None else None
-        ge = (g_ent.to(cd) / t) if g_ent is not None else None
+        ge = (g_ent.to(cd) / t) if (g_ent is not None and ent.numel()) else None
         grad_h = torch.empty_like(h) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=cd, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=cd, device=weight.device) if need_b else None
         w = weight.to(mm)
-        b = bias.to(mm) if bias is not None else None
+        b = (bias / t).to(mm) if bias is not None else None
         with torch.autocast(h.device.type, enabled=False):
             for s in range(0, n, rows):
                 e = min(s + rows, n)
                 hc = h[s:e].to(mm)
-                x = torch.nn.functional.linear(hc, w, b).to(cd).div_(t)
-                logp = x.sub_(lse_all[s:e, None])
-                p = logp.exp()
-                gx = torch.zeros_like(p)
+                logp = torch.nn.functional.linear(hc / t, w, b).to(cd).sub_(lse_all[s:e, None])
                 if ge is not None:  # -p (log p + H) * gH
+                    p = logp.exp()
                     gx = torch.where(p > 0, p * (logp + ent[s:e, None]), zero).mul_(-ge[s:e, None])
-                if gl is not None:  # (1[j = l] - p) * gl
-                    gx.sub_(p * gl[s:e, None])
+                    if gl is not None:
+                        gx.sub_(p * gl[s:e, None])
+                else:
+                    gx = logp.exp_().mul_(-gl[s:e, None]) if gl is not None else torch.zeros_like(logp)
+                if gl is not None:  # + 1[j = l] * gl  (with the -p * gl above)
                     gx.scatter_add_(-1, labels[s:e, None], gl[s:e, None])
                 gxm = gx.to(mm)
                 if grad_h is not None:
                     grad_h[s:e] = (gxm @ w).to(h.dtype)
                 if grad_w is not None:
-                    grad_w.add_((gxm.t() @ hc).to(cd))
+                    if mm == cd:
+                        grad_w.addmm_(gxm.t(), hc)  # in place: no [V, H] temporary per chunk
+                    else:
+                        grad_w.add_((gxm.t() @ hc).to(cd))
                 if grad_b is not None:
                     grad_b.add_(gx.sum(0))
         return (
             grad_h,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None,
+            None, None, None, None, None,
         )
 
 
@@ -159,6 +170,7 @@ def logprobs_from_hidden(
     bias: Optional[Tensor] = None,
     chunk_tokens: Optional[int] = None,
     lm_head: Optional[Callable[[Tensor], Tensor]] = None,
+    with_entropy: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """(log-probs, entropy) of softmax((hidden @ weight.T + bias) / temperature), chunked over tokens.
 
@@ -169,8 +181,10 @@ def logprobs_from_hidden(
         labels: Int[...] = hidden.shape[:-1]; < 0 = skipped (log-prob 0, entropy 0, no gradient).
         temperature: rollout temperature (> 0).
         bias: Float[V] LM head bias, if the model has one.
-        chunk_tokens: token rows per chunk; None = auto (float32 [rows x V] of <= 2**24 elements).
+        chunk_tokens: token rows per chunk; None = auto (float32 [rows x V] of <= 2**25 elements).
         lm_head: the head module; used only for DeepSpeed ZeRO-3 (partitioned) weights.
+        with_entropy: False skips the entropy (returned as zeros, not differentiable): the
+            training pass needs log-probs only.
 
     Returns:
         (logprobs Float[...], entropy Float[...]), float32 (float64 for float64 inputs). Both are
@@ -202,7 +216,9 @@ def logprobs_from_hidden(
             raise ValueError("a ZeRO-3 partitioned LM head weight needs the lm_head module (lm_head=...)")
         lp_v, ent_v = _checkpointed_module_chunks(lm_head, h_valid, l_valid, t, rows)
     else:
-        lp_v, ent_v = cast(tuple[Tensor, Tensor], _LinearLogProbs.apply(h_valid, weight, bias, l_valid, t, rows, mm))  # type: ignore[no-untyped-call]
+        lp_v, ent_v = cast(tuple[Tensor, Tensor], _LinearLogProbs.apply(h_valid, weight, bias, l_valid, t, rows, mm, with_entropy))  # type: ignore[no-untyped-call]
     lp = torch.zeros(n_all, dtype=cd, device=hidden.device).index_put((idx,), lp_v.to(cd))
-    ent = torch.zeros(n_all, dtype=cd, device=hidden.device).index_put((idx,), ent_v.to(cd))
+    ent = torch.zeros(n_all, dtype=cd, device=hidden.device)
+    if ent_v.numel():
+        ent = ent.index_put((idx,), ent_v.to(cd))
     return lp.reshape(lead), ent.reshape(lead)

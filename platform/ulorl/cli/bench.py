@@ -12,6 +12,10 @@ Subcommands:
            finished sample, mean batch rows and unfinished pool, ratio to S=1; then the cost of
            one decode iteration vs rows and context. Settings run side by side in one process,
            round robin, after warm-up steps. Progress goes to stderr.
+  memory   peak memory and time of one training micro-step (forward, log-probs, entropy, loss,
+           backward) on one long row, chunked vs full-logits path, each length and path in a
+           fresh subprocess (ulorl.train.memory_bench):
+           ulorl-bench memory --seq-lens 8192,32768 --vocab 151936 --hidden 128 --layers 4 --json
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import argparse
 import json
 import sys
 from typing import Optional, Sequence
+
+from ulorl.train.memory_bench import add_memory_parser, memory_main
 
 
 class BenchCliError(ValueError):
@@ -47,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ulorl-bench", description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{rollout}")
+    sub = p.add_subparsers(dest="command", metavar="{rollout,memory}")
     r = sub.add_parser("rollout", help="segment rollout: S in {1,2,4,8} x static/compact, no training",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
@@ -71,12 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cost-rows", default=",".join(map(str, d.cost_rows)), help="rows of the cost curve")
     r.add_argument("--cost-contexts", default=None, help="contexts of the cost curve (unset: 64,L/2,L+64)")
     r.add_argument("--out", default=None, help="also write the JSON object to this file")
+    add_memory_parser(sub)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "memory":
+        return memory_main(args)
     if args.command != "rollout":
         parser.print_help(sys.stderr)
         return 2

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ulorl.algo.chunked_lm_head import logprobs_from_hidden
-from ulorl.algo.logprobs import logprobs_and_entropy
+from ulorl.algo.logprobs import logprobs_and_entropy, logprobs_from_logits
 from ulorl.train.batch import TrainBatch
 
 LogprobPath = Literal["chunked", "full"]
@@ -32,7 +32,7 @@ def _attention_mask(batch: TrainBatch, device: torch.device) -> Optional[Tensor]
     mask = batch.attention_mask
     if bool(mask.all()):
         return None
-    return mask.to(device)
+    return mask.to(device).long()
 
 
 def output_head(model: torch.nn.Module) -> torch.nn.Module:
@@ -51,18 +51,20 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module:
 def forward_hidden(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> Tensor:
     """Final hidden states at the positions predicting ``batch.targets``: Float[B, L-1, H]."""
     base = model.base_model  # type: ignore[union-attr]
-    out = base(input_ids=batch.input_ids.to(device), attention_mask=_attention_mask(batch, device), use_cache=False)
+    ids = batch.input_ids.to(device).long()
+    out = base(input_ids=ids, attention_mask=_attention_mask(batch, device), use_cache=False)
     return out.last_hidden_state[:, :-1]
 
 
 def forward_logits(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> Tensor:
     """Full logits predicting ``batch.targets``: Float[B, L-1, V] (the ``full`` path)."""
-    out = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device), use_cache=False)
+    out = model(input_ids=batch.input_ids.to(device).long(), attention_mask=batch.attention_mask.to(device).long(),
+                use_cache=False)
     return out.logits[:, :-1]
 
 
 def response_labels(batch: TrainBatch) -> Tensor:
-    """Targets at response positions, ``IGNORE`` elsewhere: Long[B, L-1]."""
+    """Targets at response positions, ``IGNORE`` elsewhere: Int[B, L-1]."""
     return torch.where(batch.response_mask, batch.targets, torch.full_like(batch.targets, IGNORE))
 
 
@@ -73,11 +75,13 @@ def token_stats(
     device: torch.device,
     path: str = "chunked",
     chunk_tokens: Optional[int] = None,
+    with_entropy: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """(log-probs, entropy) of every response target, each Float[B, L-1] on ``device``, 0 elsewhere.
 
     Differentiable when grad is enabled (chunked: both outputs; full: log-probs only). Runs under
-    whatever autocast the caller set.
+    whatever autocast the caller set. ``with_entropy=False``: entropy returned as zeros (chunked)
+    or not computed (full), for the training pass that needs log-probs only.
     """
     mask = batch.response_mask.to(device)
     if path == "chunked":
@@ -85,9 +89,13 @@ def token_stats(
         hidden = forward_hidden(model, batch, device)
         labels = response_labels(batch).to(device)
         return logprobs_from_hidden(hidden, head.weight, labels, temperature,
-                                    bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, lm_head=head)
+                                    bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, lm_head=head,
+                                    with_entropy=with_entropy)
     if path == "full":
         logits = forward_logits(model, batch, device)
-        lp, ent = logprobs_and_entropy(logits, batch.targets.to(device), temperature)
+        if not with_entropy:
+            lp = logprobs_from_logits(logits, batch.targets.to(device).long(), temperature)
+            return lp * mask, torch.zeros_like(lp)
+        lp, ent = logprobs_and_entropy(logits, batch.targets.to(device).long(), temperature)
         return lp * mask, ent * mask
     raise ValueError(f"logprob path must be one of {LOGPROB_PATHS}, got {path!r}")

@@ -183,7 +183,8 @@ class Trainer:
         from ulorl.rollout.engines import make_engine
 
         model, tokenizer = load_policy(
-            cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(self.device), rope_scaling=cfg.model.rope_scaling
+            cfg.model.name_or_path, dtype=cfg.model.dtype, device=str(self.device), rope_scaling=cfg.model.rope_scaling,
+            attn_implementation=cfg.model.attn_implementation, gradient_checkpointing=cfg.train.gradient_checkpointing,
         )
         self.tokenizer = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -9,7 +9,9 @@ logits / rollout temperature, the distribution the rollout sampled from.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -27,8 +29,12 @@ from ulorl.algo import (
 from ulorl.config import AlgoConfig, TrainConfig
 from ulorl.rollout.types import Sample
 from ulorl.train.backend import TrainBackend
-from ulorl.train.batch import TrainBatch, build_train_batch, micro_batches, scatter_rows
+from ulorl.train.batch import TrainBatch, build_train_batch, micro_batches, rows_over_cap, scatter_rows
 from ulorl.train.forward import forward_logits, token_stats
+
+log = logging.getLogger(__name__)
+#: backends (one per run) that already warned about rows over the micro-batch token cap
+_WARNED_OVER_CAP: "weakref.WeakSet[object]" = weakref.WeakSet()
 
 __all__ = ["UpdateResult", "current_token_stats", "forward_logits", "policy_update", "segment_logprobs",
            "split_minibatches"]
@@ -138,6 +144,13 @@ def policy_update(
         return UpdateResult(False, metrics, reason="no response tokens")
 
     adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps)
+    over = rows_over_cap(batch, train.micro_batch_tokens)
+    metrics["train/rows_over_cap"] = float(len(over))
+    if over and backend not in _WARNED_OVER_CAP:
+        _WARNED_OVER_CAP.add(backend)
+        log.warning("a row of %d tokens exceeds train.micro_batch_tokens=%d: trained alone in one micro-batch "
+                    "over the cap (counted in train/rows_over_cap; warned once per run)", max(over),
+                    train.micro_batch_tokens)
 
     model.eval()
     if dp is not None:  # sharded + all-reduced (default chunked path)
@@ -186,7 +199,8 @@ def policy_update(
             idx = mb_idx[torch.tensor(rows, dtype=torch.long)]
             width = sub.targets.shape[1]
             with autocast_ctx(train.bf16, device):
-                lp, _ = token_stats(model, sub, temperature, device, train.logprob_path, train.logprob_chunk_tokens)
+                lp, _ = token_stats(model, sub, temperature, device, train.logprob_path, train.logprob_chunk_tokens,
+                                    with_entropy=False)
             loss, m = policy_loss(
                 lp,
                 old_lp[idx, :width].to(device),

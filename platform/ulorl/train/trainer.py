@@ -33,6 +33,7 @@ from ulorl.tracking.run import RunTracker
 from ulorl.tracking import schema
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
+from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.cohorts import CohortRewards
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.update import policy_update, segment_logprobs
@@ -227,6 +228,7 @@ class Trainer:
             self._start_tracking()
 
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
+        check_sequence_parallel(self.cfg.train)
         if self.cfg.train.backend == "deepspeed":
             from ulorl.train.deepspeed_backend import DeepSpeedBackend
 

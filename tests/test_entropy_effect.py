@@ -22,13 +22,21 @@ from ulorl.train.batch import TrainBatch
 
 
 class Toy(torch.nn.Module):
+    """Hidden state 1 at every position, LM head weight [[a], [0]]: logits (a, 0)."""
+
     def __init__(self, a: float) -> None:
         super().__init__()
         self.a = torch.nn.Parameter(torch.tensor(a, dtype=torch.float64))
 
+    @property
+    def base_model(self) -> "Toy":
+        return self
+
+    def get_output_embeddings(self) -> SimpleNamespace:
+        return SimpleNamespace(weight=torch.stack([self.a, torch.zeros((), dtype=torch.float64)])[:, None], bias=None)
+
     def forward(self, input_ids, attention_mask=None, use_cache=False):
-        z = torch.stack([self.a, torch.zeros((), dtype=torch.float64)])
-        return SimpleNamespace(logits=z.expand(*input_ids.shape, 2))
+        return SimpleNamespace(last_hidden_state=torch.ones(*input_ids.shape, 1, dtype=torch.float64))
 
 
 def _batch() -> TrainBatch:

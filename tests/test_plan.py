@@ -37,3 +37,30 @@ def test_plan_numbers_for_30b():
     sim = plan["simulated_step_time_s"]
     assert sim["S=8"]["step_time_s"] < sim["S=1"]["step_time_s"]
     assert plan["gpus_per_role"] == {"trainer": 8.0, "rollout": 8.0}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments" / "paper").glob("*.yaml")), ids=lambda p: p.name)
+def test_paper_profiles_trainer_fits(path):
+    mem = plan_dict(load_experiment(path))["memory_estimate_gib"]
+    assert mem["trainer_fits"] is True
+    assert mem["trainer_peak_per_gpu"] <= 0.9 * mem["trainer_gpu_memory"]
+
+
+def test_trainer_memory_terms_by_hand():
+    """Qwen3-4B, 128k row, ZeRO-3 over 4 bf16 ranks: each term from the formulas in plan.py."""
+    cfg = load_experiment(ROOT / "experiments" / "paper" / "qwen3_4b_128k.yaml")
+    gib = 1024**3
+    mem = plan_dict(cfg)["memory_estimate_gib"]
+    tokens = 131072 + 1024
+    assert mem["trainer_row_tokens_per_gpu"] == tokens
+    assert mem["trainer_weights_per_gpu"] == pytest.approx(4.02e9 * 2 / 4 / gib, abs=0.05)
+    assert mem["trainer_optimizer_per_gpu"] == pytest.approx(4.02e9 * 12 / 4 / gib, abs=0.05)
+    assert mem["trainer_activations_no_checkpointing_per_gpu"] == pytest.approx(34 * 2560 * 36 * tokens / gib, abs=0.05)
+    ckpt = (2 * 2560 * 36 + 34 * 2560) * tokens / gib
+    assert mem["trainer_activations_checkpointing_per_gpu"] == pytest.approx(ckpt, abs=0.05)
+    assert mem["trainer_activations_per_gpu"] == mem["trainer_activations_checkpointing_per_gpu"]  # profile: on
+    off = plan_dict(cfg.model_copy(update={"train": cfg.train.model_copy(update={"gradient_checkpointing": False})}))
+    assert off["memory_estimate_gib"]["trainer_fits"] is False  # ~385 GiB of activations
+    sp2 = cfg.model_copy(update={"train": cfg.train.model_copy(update={"sequence_parallel": 2})})
+    half = plan_dict(sp2)["memory_estimate_gib"]
+    assert half["trainer_activations_per_gpu"] == pytest.approx(mem["trainer_activations_per_gpu"] / 2, abs=0.1)

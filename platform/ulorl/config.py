@@ -53,6 +53,9 @@ class ModelConfig(_Section):
         "original_max_position_embeddings: 95232}; None = the model's own"
     )
     trust_remote_code: bool = Field(False, description="allow the model repository's own Python code (transformers)")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="attention kernel at load; sdpa/flash_attention_2 keep attention memory linear in length"
+    )
 
 
 class TaskConfig(_Section):
@@ -211,6 +214,7 @@ class ResourcesConfig(_Section):
         None, ge=0, description="GPUs of one node (e.g. 8); with cpus_per_node, --dry-run lays the bundles out on "
         "`nodes` such nodes and refuses a layout that does not fit; None = not declared")
     cpus_per_node: Optional[float] = Field(None, gt=0, description="CPUs of one node; None = not declared")
+    gpu_memory_gib: float = Field(80.0, gt=0, description="memory of one GPU; the dry-run plan checks the trainer fits")
 
 
 class TrainConfig(_Section):
@@ -237,6 +241,15 @@ class TrainConfig(_Section):
     keep_checkpoints: int = Field(2, ge=1, description="newest checkpoints kept on disk")
     max_wall_s: Optional[float] = Field(None, gt=0, description="stop (checkpointed) after this many seconds")
     deepspeed: DeepSpeedConfig = Field(DeepSpeedConfig(), description="DeepSpeed settings (backend = deepspeed)")
+    # long rows (ulorl.train.forward, ulorl.algo.chunked_lm_head)
+    gradient_checkpointing: bool = Field(False, description="recompute decoder layers in backward (activation memory)")
+    logprob_path: Literal["chunked", "full"] = Field(
+        "chunked", description="chunked: hidden states through lm_head in token chunks; full: [T, V] model logits"
+    )
+    logprob_chunk_tokens: Optional[int] = Field(
+        None, ge=1, description="tokens per lm_head chunk; default: float32 [chunk x vocab] of <= 2**25 elements"
+    )
+    sequence_parallel: int = Field(1, ge=1, description="sequence-parallel degree for rows longer than one device")
 
 
 class TrackingConfig(_Section):

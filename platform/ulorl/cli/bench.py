@@ -17,6 +17,10 @@ Subcommands:
            positives / negatives, items/s, per source (``ulorl-bench verifier --help``).
   weight-sync  seconds per GB and peak extra memory (per process, from /proc) of one weight sync,
            bucketed vs monolithic (ulorl.rollout.weight_sync_bench).
+  memory   peak memory and time of one training micro-step (forward, log-probs, entropy, loss,
+           backward) on one long row, chunked vs full-logits path, each length and path in a
+           fresh subprocess (ulorl.train.memory_bench):
+           ulorl-bench memory --seq-lens 8192,32768 --vocab 151936 --hidden 128 --layers 4 --json
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Optional, Sequence
 from ulorl.reward.verifier_bench import add_parser as add_verifier_parser
 from ulorl.reward.verifier_bench import run_cli as run_verifier_cli
 from ulorl.rollout.weight_sync_bench import add_weight_sync_parser, run_weight_sync_cli
+from ulorl.train.memory_bench import add_memory_parser, memory_main
 
 
 class BenchCliError(ValueError):
@@ -56,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ulorl-bench", description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{rollout,verifier,weight-sync}")
+    sub = p.add_subparsers(dest="command", metavar="{rollout,memory,verifier,weight-sync}")
     add_weight_sync_parser(sub)
     r = sub.add_parser("rollout", help="segment rollout: S in {1,2,4,8} x static/compact, no training",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -86,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "side venv): same prompts and seeds, first --segments value, --steps (default 4) measured "
                         "steps each; prints tokens/s and completed/s per engine")
     add_verifier_parser(sub)
+    add_memory_parser(sub)
     return p
 
 
@@ -96,6 +102,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_verifier_cli(args)
     if args.command == "weight-sync":
         return run_weight_sync_cli(args)
+    if args.command == "memory":
+        return memory_main(args)
     if args.command != "rollout":
         parser.print_help(sys.stderr)
         return 2

@@ -69,11 +69,15 @@ def load_policy(
     device: str = "cpu",
     rope_scaling: Optional[dict[str, Any]] = None,
     trust_remote_code: bool = False,
+    attn_implementation: Optional[str] = None,
+    gradient_checkpointing: bool = False,
 ):
     """Return ``(model, tokenizer)`` for a model name, local path or HF id (online only).
 
     ``rope_scaling`` (e.g. YaRN) is merged into the config's rope parameters before the weights
-    load. The model is returned in eval mode on ``device``.
+    load. ``attn_implementation`` ("sdpa", "eager", "flash_attention_2"; None = transformers'
+    default) is fixed at load. ``gradient_checkpointing`` recomputes each decoder layer in
+    backward (non-reentrant). The model is returned in eval mode on ``device``.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -90,11 +94,14 @@ def load_policy(
     if rope_scaling:
         _apply_rope_scaling(config, rope_scaling)
     try:
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         model = AutoModelForCausalLM.from_pretrained(
-            path, config=config, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
+            path, config=config, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code, **extra
         )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ImportError) as exc:
         raise ModelLoadError(f"cannot load model weights from {name_or_path!r} ({path}): {exc}") from exc
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device).eval()
     tok = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     return model, tok

@@ -16,7 +16,8 @@ term: ``dH(static) = dH(all) - dH_mpt``. Adam's first step is ``-lr * sign(g)`` 
 ``entropy_effect`` is pure tensor code on a model and a batch; ``main`` (``python -m
 ulorl.report.entropy_effect EXPERIMENT.yaml``) rolls out batches with the experiment's model and
 sampling (S = 1: the diagnostic needs finished groups, not pools) and prints the decomposition.
-Meant for small models: it keeps full-vocabulary probabilities and two gradient copies.
+Meant for small models: it keeps per-class flat gradient copies (log-probs and entropy go through
+the chunked LM head, no [B, T, V] tensor).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from torch import Tensor
 
 from ulorl.algo import group_advantages, mpt_mask
 from ulorl.train.batch import TrainBatch
+from ulorl.train.forward import token_stats
 
 __all__ = ["token_classes", "entropy_effect", "EntropyEffect", "main"]
 
@@ -76,12 +78,10 @@ def entropy_effect(model: torch.nn.Module, batch: TrainBatch, temperature: float
         tau: MPT probability threshold.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False)
-    logits = out.logits[:, :-1].float() / temperature                     # [B, T, V]
-    logp_all = torch.log_softmax(logits, dim=-1)
-    ent = -(logp_all.exp() * logp_all).sum(-1)                            # [B, T]
-    lp = logp_all.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)    # [B, T]
-    mask = batch.response_mask
+    device = next(model.parameters()).device
+    # [B, T] each, differentiable, response positions only (0 elsewhere); no [B, T, V] tensor
+    lp, ent = token_stats(model, batch, temperature, device, path="chunked")
+    mask = batch.response_mask.to(device)
     n = mask.sum().clamp(min=1)
     adv = group_advantages(batch.rewards, batch.group_ids).reshape(-1, 1)  # [B, 1]
     classes = token_classes(lp.detach(), batch.rewards, mask, tau)

@@ -33,43 +33,87 @@ class TrainBackend(Protocol):
 
 
 class TorchBackend:
-    """Plain torch: AdamW with constant lr and grad-norm clipping (the paper's optimizer)."""
+    """Plain torch: AdamW with constant lr and grad-norm clipping (the paper's optimizer).
+
+    Low-precision parameters (``model.dtype: bfloat16`` / ``float16``) get float32 master copies:
+    gradients are accumulated into the masters in float32 after each backward, AdamW steps the
+    masters, and the model's weights are the masters rounded back. AdamW directly on bf16 weights
+    would lose updates below bf16 resolution (lr 1e-6 on a weight of 0.02 is ~100x below it).
+    """
 
     is_main_process = True
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig) -> None:
         self.model = model
         self.cfg = cfg
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        low = any(p.dtype in (torch.bfloat16, torch.float16) for p in self.params)
+        #: float32 master copies (None when the model already trains in float32)
+        self.masters: list[torch.Tensor] | None = (
+            [p.detach().float().clone() for p in self.params] if low else None
+        )
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
+            self.masters if self.masters is not None else self.params,
             lr=cfg.lr,
             betas=tuple(cfg.betas),
             weight_decay=cfg.weight_decay,
         )
 
+    def _accumulate_to_masters(self) -> None:
+        assert self.masters is not None
+        for p, m in zip(self.params, self.masters):
+            if p.grad is None:
+                continue
+            g = p.grad.float()
+            m.grad = g if m.grad is None else m.grad.add_(g)
+            p.grad = None
+
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
+        if self.masters is not None:
+            self._accumulate_to_masters()
 
     def grads_finite(self) -> bool:
-        return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.model.parameters())
+        tensors = self.masters if self.masters is not None else list(self.model.parameters())
+        return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in tensors)
 
     def step(self) -> float:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        trained = self.masters if self.masters is not None else self.params
+        norm = torch.nn.utils.clip_grad_norm_(trained, self.cfg.grad_clip)
         if torch.isfinite(norm):
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)  # a non-finite norm: no step, parameters untouched
+            if self.masters is not None:
+                with torch.no_grad():
+                    for p, m in zip(self.params, self.masters):
+                        p.copy_(m)
+        self.zero_grad()  # a non-finite norm: no step, parameters untouched
         return float(norm)
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            for p in self.params:
+                p.grad = None
 
     def save(self, directory: Path) -> None:
         torch.save(self.optimizer.state_dict(), Path(directory) / "optimizer.pt")
+        if self.masters is not None:
+            torch.save(self.masters, Path(directory) / "master_weights.pt")
 
     def load(self, directory: Path) -> None:
         state: dict[str, Any] = torch.load(Path(directory) / "optimizer.pt", weights_only=False)
         self.optimizer.load_state_dict(state)
+        if self.masters is not None:
+            path = Path(directory) / "master_weights.pt"
+            if path.is_file():
+                saved: list[torch.Tensor] = torch.load(path, weights_only=True)
+                with torch.no_grad():
+                    for m, v in zip(self.masters, saved):
+                        m.copy_(v)
+            else:  # a checkpoint from before master weights: start them from the saved model
+                with torch.no_grad():
+                    for p, m in zip(self.params, self.masters):
+                        m.copy_(p.float())
 
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}

@@ -3,6 +3,10 @@
 Layout ("target-aligned"): ``input_ids[b]`` = prompt + response, right-padded to L. Position t of every
 [B, L-1] tensor refers to the prediction of ``input_ids[b, t+1]`` from the logits at t, so a response
 token j of sample b sits at t = len(prompt_b) - 1 + j.
+
+Token tensors are int32 (``targets`` is a view of ``input_ids``): a step of 128k-token rows keeps
+4 bytes per token; micro-batches (``TrainBatch.rows``) are sliced from them and cast to int64 on
+the device only where a kernel needs it.
 """
 
 from __future__ import annotations
@@ -16,12 +20,12 @@ from ulorl.rollout.types import Sample
 
 @dataclass
 class TrainBatch:
-    input_ids: torch.Tensor        # [B, L] long
-    attention_mask: torch.Tensor   # [B, L] long (1 = real token)
-    targets: torch.Tensor          # [B, L-1] long, input_ids[:, 1:]
+    input_ids: torch.Tensor        # [B, L] int32
+    attention_mask: torch.Tensor   # [B, L] int32 (1 = real token)
+    targets: torch.Tensor          # [B, L-1] int32, input_ids[:, 1:] (a view)
     response_mask: torch.Tensor    # [B, L-1] bool, True at response-token targets
     sais_logprobs: torch.Tensor    # [B, L-1] float, stored per-segment old log-probs (SAIS), 0 elsewhere
-    token_versions: torch.Tensor   # [B, L-1] long, policy version that generated each response token (-1 elsewhere)
+    token_versions: torch.Tensor   # [B, L-1] int32, policy version that generated each response token (-1 elsewhere)
     rewards: torch.Tensor          # [B] float
     group_ids: torch.Tensor        # [B] long
     prompt_lens: list[int]
@@ -56,13 +60,13 @@ def build_train_batch(samples: list[Sample], pad_token_id: int) -> TrainBatch:
     seqs = [s.prompt_ids + s.response_ids for s in samples]
     L = max(len(x) for x in seqs)
     B = len(samples)
-    input_ids = torch.full((B, L), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, L), dtype=torch.long)
+    input_ids = torch.full((B, L), pad_token_id, dtype=torch.int32)
+    attention_mask = torch.zeros((B, L), dtype=torch.int32)
     response_mask = torch.zeros((B, L - 1), dtype=torch.bool)
     sais = torch.zeros((B, L - 1), dtype=torch.float32)
-    versions = torch.full((B, L - 1), -1, dtype=torch.long)
+    versions = torch.full((B, L - 1), -1, dtype=torch.int32)
     for b, (s, seq) in enumerate(zip(samples, seqs)):
-        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.int32)
         attention_mask[b, : len(seq)] = 1
         p, t = len(s.prompt_ids), len(s.response_ids)
         if t == 0:
@@ -71,13 +75,13 @@ def build_train_batch(samples: list[Sample], pad_token_id: int) -> TrainBatch:
         if s.old_logprobs:  # may be shorter while a segment is being scored (SAIS)
             n = min(t, len(s.old_logprobs))
             sais[b, p - 1 : p - 1 + n] = torch.tensor(s.old_logprobs[:n], dtype=torch.float32)
-        versions[b, p - 1 : p - 1 + t] = torch.tensor(s.token_versions()[:t], dtype=torch.long)
+        versions[b, p - 1 : p - 1 + t] = torch.tensor(s.token_versions()[:t], dtype=torch.int32)
     rewards = torch.tensor([float(s.reward or 0.0) for s in samples], dtype=torch.float32)
     group_ids = torch.tensor([s.group_id for s in samples], dtype=torch.long)
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        targets=input_ids[:, 1:].clone(),
+        targets=input_ids[:, 1:],
         response_mask=response_mask,
         sais_logprobs=sais,
         token_versions=versions,
@@ -93,13 +97,19 @@ def scatter_rows(full: torch.Tensor, rows: list[int], part: torch.Tensor) -> Non
     full[torch.tensor(rows, dtype=torch.long), : part.shape[1]] = part
 
 
+def row_lengths(batch: TrainBatch) -> list[int]:
+    """Tokens of each row (prompt + response)."""
+    return [p + r for p, r in zip(batch.prompt_lens, batch.response_lens)]
+
+
 def micro_batches(batch: TrainBatch, token_budget: int) -> list[list[int]]:
     """Split rows into micro-batches whose padded size (rows x longest row) stays within budget.
 
-    Rows are taken in order of length so padding is small; a single row longer than the budget
-    forms a micro-batch of its own.
+    Rows are taken in order of length (sorted length buckets), so padding is small. A single row
+    longer than the budget cannot be split here: it forms a micro-batch of its own (see
+    ``rows_over_cap``; sequence parallelism is what splits such a row).
     """
-    lengths = [p + r for p, r in zip(batch.prompt_lens, batch.response_lens)]
+    lengths = row_lengths(batch)
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     out: list[list[int]] = []
     cur: list[int] = []
@@ -115,3 +125,8 @@ def micro_batches(batch: TrainBatch, token_budget: int) -> list[list[int]]:
     if cur:
         out.append(cur)
     return out
+
+
+def rows_over_cap(batch: TrainBatch, token_budget: int) -> list[int]:
+    """Lengths of the rows longer than ``token_budget`` (each trained alone, over the cap)."""
+    return [n for n in row_lengths(batch) if n > token_budget]

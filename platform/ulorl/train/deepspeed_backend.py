@@ -81,6 +81,8 @@ def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
         "managed_gradient_accumulation": False,
         "gradient_clipping": cfg.grad_clip,
         "bf16": {"enabled": bool(cfg.bf16)},
+        # bf16: accumulate gradients across micro-batches in fp32 (bf16 accumulation loses small terms)
+        **({"data_types": {"grad_accum_dtype": "fp32"}} if cfg.bf16 else {}),
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,

@@ -5,6 +5,15 @@ from ``KNOWN_ARCHITECTURES`` for the paper's models, so a CPU machine with no do
 paper-scale run): KV cache = 2 x layers x kv_heads x head_dim x bytes per token; AdamW state =
 params x 12 bytes (fp32 master + two moments) plus bf16 weights and grads (4 bytes), divided by the
 ZeRO sharding that applies.
+
+Trainer memory per GPU (``trainer_*`` keys, ``trainer_memory``): weights, gradients and AdamW state
+under the ZeRO stage; activations of the longest micro-batch on one GPU (the longest row alone when
+it exceeds ``train.micro_batch_tokens``, divided by ``train.sequence_parallel``), with and without
+activation checkpointing; the chunked LM head's temporaries; their total ``trainer_peak_per_gpu``
+and ``trainer_fits`` (total <= 90 % of ``resources.gpu_memory_gib``, the rest for the allocator
+and kernels' workspace). Activations per token and layer (bf16, flash / sdpa attention, so no
+[T, T] term): 34 x hidden bytes without checkpointing (Korthikanti et al. 2022); with
+checkpointing 2 x hidden bytes kept per layer plus one layer recomputed in full.
 """
 
 from __future__ import annotations
@@ -26,13 +35,15 @@ class Architecture:
     layers: int
     kv_heads: int
     head_dim: int
+    hidden: int = 0        # hidden size (0 = unknown: no activation estimate)
+    vocab: int = 0         # vocabulary size
 
 
 # Public architecture numbers of the paper's models (Qwen3 model cards).
 KNOWN_ARCHITECTURES: dict[str, Architecture] = {
-    "Qwen/Qwen3-4B": Architecture(4.02e9, 4.02e9, 36, 8, 128),
-    "Qwen/Qwen3-8B": Architecture(8.19e9, 8.19e9, 36, 8, 128),
-    "Qwen/Qwen3-30B-A3B": Architecture(30.5e9, 3.3e9, 48, 4, 128),
+    "Qwen/Qwen3-4B": Architecture(4.02e9, 4.02e9, 36, 8, 128, 2560, 151936),
+    "Qwen/Qwen3-8B": Architecture(8.19e9, 8.19e9, 36, 8, 128, 4096, 151936),
+    "Qwen/Qwen3-30B-A3B": Architecture(30.5e9, 3.3e9, 48, 4, 128, 2048, 151936),
 }
 
 GIB = 1024**3
@@ -56,7 +67,58 @@ def architecture_of(name_or_path: str) -> Optional[Architecture]:
     kv = c.get("num_key_value_heads", heads)
     hd = c.get("head_dim") or h // heads
     params = layers * (h * hd * (heads + 2 * kv) + heads * hd * h + 3 * h * inter) + vocab * h
-    return Architecture(float(params), float(params), layers, kv, hd)
+    return Architecture(float(params), float(params), layers, kv, hd, h, vocab)
+
+
+#: fraction of a GPU's memory the estimate may fill (the rest: allocator fragmentation, workspaces)
+USABLE_GPU_FRACTION = 0.9
+#: prompt tokens assumed on top of ``rollout.max_response_len`` for the longest row
+PROMPT_ALLOWANCE = 1024
+
+
+def trainer_memory(cfg: ExperimentConfig, arch: Architecture) -> dict[str, Any]:
+    """Per trainer GPU training memory (GiB) and whether it fits ``resources.gpu_memory_gib``."""
+    from ulorl.algo.chunked_lm_head import hidden_chunk_rows
+
+    res, t = cfg.resources, cfg.train
+    ds = t.backend == "deepspeed"
+    stage = t.deepspeed.zero_stage if ds else 0
+    ranks = res.trainer_workers
+    low = cfg.model.dtype in ("bfloat16", "float16") or (ds and t.bf16)
+    wbytes = 2 if low else 4
+    weights = arch.params * wbytes / (ranks if stage >= 3 else 1)
+    grads = arch.params * wbytes / (ranks if stage >= 2 else 1)
+    # AdamW: two fp32 moments, plus an fp32 master copy when the weights are low precision
+    optim = arch.params * (12 if low else 8) / (ranks if stage >= 1 else 1)
+    gather = 2 * wbytes * arch.params / max(1, arch.layers) if stage >= 3 else 0.0  # one layer gathered + prefetch
+    row = cfg.rollout.max_response_len + PROMPT_ALLOWANCE
+    sp = t.sequence_parallel
+    tokens = max(min(t.micro_batch_tokens, row), row) / sp  # the longest row alone when over the cap
+    h, L = arch.hidden, arch.layers
+    act_full = 34 * h * L * tokens
+    act_ckpt = (2 * h * L + 34 * h) * tokens
+    rows = hidden_chunk_rows(arch.vocab, t.logprob_chunk_tokens)
+    # final hidden states + their grad (fp32), three fp32 [rows, V] temporaries, fp32 head-grad accumulator
+    head = 8 * h * tokens + 3 * 4 * rows * arch.vocab + 4 * arch.vocab * h
+    act = act_ckpt if t.gradient_checkpointing else act_full
+    total = weights + grads + optim + gather + act + head
+    gpu = res.gpu_memory_gib
+    return {
+        "trainer_weights_per_gpu": round(weights / GIB, 1),
+        "trainer_grads_per_gpu": round(grads / GIB, 1),
+        "trainer_optimizer_per_gpu": round(optim / GIB, 1),
+        "trainer_zero3_gather_per_gpu": round(gather / GIB, 1),
+        "trainer_row_tokens_per_gpu": int(tokens),
+        "trainer_activations_checkpointing_per_gpu": round(act_ckpt / GIB, 1),
+        "trainer_activations_no_checkpointing_per_gpu": round(act_full / GIB, 1),
+        "trainer_activations_per_gpu": round(act / GIB, 1),
+        "trainer_logits_chunk_per_gpu": round(head / GIB, 2),
+        "trainer_peak_per_gpu": round(total / GIB, 1),
+        "trainer_gpu_memory": gpu,
+        "trainer_fits": bool(total / GIB <= USABLE_GPU_FRACTION * gpu),
+        "trainer_note": f"gradient_checkpointing={t.gradient_checkpointing}, sequence_parallel={sp}, "
+                        f"zero_stage={stage}; fits = peak <= {USABLE_GPU_FRACTION:.0%} of gpu_memory_gib",
+    }
 
 
 def _layout_or_error(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -112,6 +174,8 @@ def plan_dict(cfg: ExperimentConfig) -> dict[str, Any]:
             "note": "KV worst case = every rollout row at the global max at once; a paged engine (vLLM) admits "
                     "fewer rows and preempts, so this bounds the demand, not the allocation",
         }
+        if arch.hidden and arch.vocab:
+            out["memory_estimate_gib"].update(trainer_memory(cfg, arch))
     out["simulated_step_time_s"] = predict_step_times(cfg, segment_counts=(1, r.segments if r.segments > 1 else 8))
     out["engine"] = engine_plan(cfg)
     return out

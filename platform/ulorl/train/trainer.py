@@ -38,6 +38,7 @@ from ulorl.tracking.run import RunTracker
 from ulorl.tracking import schema
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
+from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.cohorts import CohortRewards
 from ulorl.train.deepspeed_backend import DeepSpeedBackend
 from ulorl.train.distributed import launch_role
@@ -238,6 +239,7 @@ class Trainer:
         self._t_start = time.perf_counter() - self.wall_s
 
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
+        check_sequence_parallel(self.cfg.train)
         if self.cfg.train.backend == "deepspeed":
             return DeepSpeedBackend(model, self.cfg.train)
         return TorchBackend(model, self.cfg.train)

@@ -9,7 +9,9 @@ logits / rollout temperature, the distribution the rollout sampled from.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -20,8 +22,6 @@ from ulorl.algo import (
     MaskInputs,
     dynamic_sampling_filter,
     group_advantages,
-    logprobs_and_entropy,
-    logprobs_from_logits,
     mpt_mask,
     policy_loss,
     select_old_logprobs,
@@ -29,7 +29,15 @@ from ulorl.algo import (
 from ulorl.config import AlgoConfig, TrainConfig
 from ulorl.rollout.types import Sample
 from ulorl.train.backend import TrainBackend
-from ulorl.train.batch import TrainBatch, build_train_batch, micro_batches, scatter_rows
+from ulorl.train.batch import TrainBatch, build_train_batch, micro_batches, rows_over_cap, scatter_rows
+from ulorl.train.forward import forward_logits, token_stats
+
+log = logging.getLogger(__name__)
+#: backends (one per run) that already warned about rows over the micro-batch token cap
+_WARNED_OVER_CAP: "weakref.WeakSet[object]" = weakref.WeakSet()
+
+__all__ = ["UpdateResult", "current_token_stats", "forward_logits", "policy_update", "segment_logprobs",
+           "split_minibatches"]
 
 
 @dataclass
@@ -48,16 +56,6 @@ def autocast_ctx(bf16: bool, device: torch.device) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
-def forward_logits(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> torch.Tensor:
-    """Logits predicting ``batch.targets``: Float[B, L-1, V]."""
-    out = model(
-        input_ids=batch.input_ids.to(device),
-        attention_mask=batch.attention_mask.to(device),
-        use_cache=False,
-    )
-    return out.logits[:, :-1]
-
-
 @torch.no_grad()
 def current_token_stats(
     model: torch.nn.Module,
@@ -66,15 +64,19 @@ def current_token_stats(
     token_budget: int,
     device: torch.device,
     bf16: bool = False,
+    path: str = "chunked",
+    chunk_tokens: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs, entropy) of every target under the current model, each Float[B, L-1] (cpu)."""
+    """(log-probs, entropy) of every response target under the current model, each Float[B, L-1] (cpu).
+
+    ``path``: "chunked" (hidden states through the LM head in chunks) or "full" (model logits).
+    """
     lp = torch.zeros(batch.targets.shape, dtype=torch.float32)
     ent = torch.zeros(batch.targets.shape, dtype=torch.float32)
     for rows in micro_batches(batch, token_budget):
         sub = batch.rows(rows)
         with autocast_ctx(bf16, device):
-            logits = forward_logits(model, sub, device)
-        sub_lp, sub_ent = logprobs_and_entropy(logits, sub.targets.to(device), temperature)
+            sub_lp, sub_ent = token_stats(model, sub, temperature, device, path, chunk_tokens)
         scatter_rows(lp, rows, sub_lp.float().cpu())
         scatter_rows(ent, rows, sub_ent.float().cpu())
     return lp * batch.response_mask, ent * batch.response_mask
@@ -132,6 +134,8 @@ def policy_update(
     if not kept:
         return UpdateResult(False, metrics, reason="dynamic sampling kept no group (all-equal rewards)")
 
+    if algo.is_mode == "sais":
+        check_sais_logprobs(kept)
     model = backend.model
     batch = build_train_batch(kept, pad_token_id)
     resp = batch.response_mask
@@ -140,10 +144,20 @@ def policy_update(
         return UpdateResult(False, metrics, reason="no response tokens")
 
     adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps, unbiased=algo.adv_std == "unbiased")
+    over = rows_over_cap(batch, train.micro_batch_tokens)
+    metrics["train/rows_over_cap"] = float(len(over))
+    if over and backend not in _WARNED_OVER_CAP:
+        _WARNED_OVER_CAP.add(backend)
+        log.warning("a row of %d tokens exceeds train.micro_batch_tokens=%d: trained alone in one micro-batch "
+                    "over the cap (counted in train/rows_over_cap; warned once per run)", max(over),
+                    train.micro_batch_tokens)
 
     model.eval()
-    stats_fn = dp.token_stats if dp is not None else current_token_stats  # sharded + all-reduced
-    cur_lp, ent = stats_fn(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
+    if dp is not None:  # sharded + all-reduced (default chunked path)
+        cur_lp, ent = dp.token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
+    else:
+        cur_lp, ent = current_token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16,
+                                          path=train.logprob_path, chunk_tokens=train.logprob_chunk_tokens)
     old_lp = select_old_logprobs(algo.is_mode, cur_lp, batch.sais_logprobs) * resp
 
     sample_entropy = (ent * resp).sum(1) / resp.sum(1).clamp(min=1)
@@ -185,8 +199,8 @@ def policy_update(
             idx = mb_idx[torch.tensor(rows, dtype=torch.long)]
             width = sub.targets.shape[1]
             with autocast_ctx(train.bf16, device):
-                logits = forward_logits(model, sub, device)
-            lp = logprobs_from_logits(logits, sub.targets.to(device), temperature)
+                lp, _ = token_stats(model, sub, temperature, device, train.logprob_path, train.logprob_chunk_tokens,
+                                    with_entropy=False)
             loss, m = policy_loss(
                 lp,
                 old_lp[idx, :width].to(device),
@@ -251,7 +265,10 @@ def segment_logprobs(
 ) -> None:
     """SAIS: append the training model's log-probs of each sample's newest segment to ``old_logprobs``.
 
-    Called right after a segment is decoded, at the policy version that decoded it.
+    Called right after a segment is decoded, at the policy version that decoded it. Stored by
+    position: entry j is the log-prob of response token j. When earlier tokens have no stored
+    value (a segment that was not scored), the gap is filled with this version's log-probs, so a
+    later segment's values never shift onto earlier positions.
     """
     if not samples:
         return
@@ -261,5 +278,15 @@ def segment_logprobs(
         seg = s.segments[-1]
         p = len(s.prompt_ids)
         have = len(s.old_logprobs)
-        start = max(seg.start, have)
-        s.old_logprobs.extend(lp[b, p - 1 + start : p - 1 + seg.end].tolist())
+        if have < seg.end:
+            s.old_logprobs.extend(lp[b, p - 1 + have : p - 1 + seg.end].tolist())
+
+
+def check_sais_logprobs(samples: list[Sample]) -> None:
+    """SAIS needs one stored old log-prob per response token; raise naming the first sample that has not."""
+    for s in samples:
+        if len(s.old_logprobs) != len(s.response_ids):
+            raise ValueError(
+                f"is_mode 'sais': sample {getattr(s, 'sample_id', '?')} (group {s.group_id}) has "
+                f"{len(s.old_logprobs)} stored old log-probs for {len(s.response_ids)} response tokens"
+            )

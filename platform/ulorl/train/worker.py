@@ -54,6 +54,7 @@ def load_model(
     return load_policy(
         name_or_path or m.name_or_path, dtype=m.dtype, device=str(device),
         rope_scaling=m.rope_scaling if rope_scaling else None, trust_remote_code=m.trust_remote_code,
+        attn_implementation=m.attn_implementation, gradient_checkpointing=cfg.train.gradient_checkpointing,
     )
 
 

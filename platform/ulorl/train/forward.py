@@ -1,0 +1,101 @@
+"""The policy's token log-probs and entropy on a ``TrainBatch``: one forward, two interchangeable paths.
+
+``chunked`` (default): the decoder's final hidden states go through the LM head in token chunks
+(``ulorl.algo.chunked_lm_head``), so no ``[B, L, V]`` logits tensor exists, in forward or backward;
+only response positions are scored. ``full``: the model's own ``logits`` (``[B, L, V]``) then
+``logprobs_and_entropy`` — the path before chunking, kept for ``ulorl-bench memory`` and as a
+reference in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+import torch
+from torch import Tensor
+
+from ulorl.algo.chunked_lm_head import logprobs_from_hidden
+from ulorl.algo.logprobs import logprobs_and_entropy, logprobs_from_logits
+from ulorl.train.batch import TrainBatch
+
+LogprobPath = Literal["chunked", "full"]
+LOGPROB_PATHS: tuple[str, ...] = ("chunked", "full")
+IGNORE = -100
+
+
+class UnsupportedHeadError(ValueError):
+    """The model's logits are not a plain linear head of its final hidden states."""
+
+
+def _attention_mask(batch: TrainBatch, device: torch.device) -> Optional[Tensor]:
+    """None when no row is padded: attention is then plain causal (no [L, L] mask is built)."""
+    mask = batch.attention_mask
+    if bool(mask.all()):
+        return None
+    return mask.to(device).long()
+
+
+def output_head(model: torch.nn.Module) -> torch.nn.Module:
+    """The LM head (``get_output_embeddings``); refuses heads that rescale logits."""
+    cfg = getattr(model, "config", None)
+    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+        val = getattr(cfg, key, None)
+        if val not in (None, 1, 1.0):
+            raise UnsupportedHeadError(f"model config {key}={val!r}: use train.logprob_path: full for this model")
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    if head is None or not hasattr(head, "weight"):
+        raise UnsupportedHeadError(f"{type(model).__name__} has no linear output embeddings")
+    return head
+
+
+def forward_hidden(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> Tensor:
+    """Final hidden states at the positions predicting ``batch.targets``: Float[B, L-1, H]."""
+    base = model.base_model  # type: ignore[union-attr]
+    ids = batch.input_ids.to(device).long()
+    out = base(input_ids=ids, attention_mask=_attention_mask(batch, device), use_cache=False)
+    return out.last_hidden_state[:, :-1]
+
+
+def forward_logits(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> Tensor:
+    """Full logits predicting ``batch.targets``: Float[B, L-1, V] (the ``full`` path)."""
+    out = model(input_ids=batch.input_ids.to(device).long(), attention_mask=batch.attention_mask.to(device).long(),
+                use_cache=False)
+    return out.logits[:, :-1]
+
+
+def response_labels(batch: TrainBatch) -> Tensor:
+    """Targets at response positions, ``IGNORE`` elsewhere: Int[B, L-1]."""
+    return torch.where(batch.response_mask, batch.targets, torch.full_like(batch.targets, IGNORE))
+
+
+def token_stats(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    temperature: float,
+    device: torch.device,
+    path: str = "chunked",
+    chunk_tokens: Optional[int] = None,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """(log-probs, entropy) of every response target, each Float[B, L-1] on ``device``, 0 elsewhere.
+
+    Differentiable when grad is enabled (chunked: both outputs; full: log-probs only). Runs under
+    whatever autocast the caller set. ``with_entropy=False``: entropy returned as zeros (chunked)
+    or not computed (full), for the training pass that needs log-probs only.
+    """
+    mask = batch.response_mask.to(device)
+    if path == "chunked":
+        head = output_head(model)
+        hidden = forward_hidden(model, batch, device)
+        labels = response_labels(batch).to(device)
+        return logprobs_from_hidden(hidden, head.weight, labels, temperature,
+                                    bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, lm_head=head,
+                                    with_entropy=with_entropy)
+    if path == "full":
+        logits = forward_logits(model, batch, device)
+        if not with_entropy:
+            lp = logprobs_from_logits(logits, batch.targets.to(device).long(), temperature)
+            return lp * mask, torch.zeros_like(lp)
+        lp, ent = logprobs_and_entropy(logits, batch.targets.to(device).long(), temperature)
+        return lp * mask, ent * mask
+    raise ValueError(f"logprob path must be one of {LOGPROB_PATHS}, got {path!r}")

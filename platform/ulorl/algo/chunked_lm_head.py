@@ -17,8 +17,8 @@ gradient. Tied input/output embeddings need nothing special: pass ``lm_head.weig
 Parameter as the input embedding), autograd accumulates both uses into it.
 
 Under autocast the chunk matmuls run in the autocast dtype (as ``lm_head`` would), softmax math in
-float32. DeepSpeed ZeRO-3 parameters (partitioned outside a module's forward) go through
-``lm_head`` itself, one ``torch.utils.checkpoint`` per chunk, so ZeRO-3's hooks gather the weight.
+float32. A DeepSpeed ZeRO-3 partitioned head weight is refused (``is_zero3_param``): the
+trainer then takes the model's own forward (``ulorl.train.forward``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,8 @@ from typing import Any, Callable, Optional, cast
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
-from torch.utils.checkpoint import checkpoint
 
 from ulorl.algo._chunking import check_temperature, compute_dtype
-from ulorl.algo.logprobs import logprobs_and_entropy
 
 #: Token rows per chunk by default: one float32 [rows x V] temporary of at most this many elements
 #: (2**25 = 128 MiB; 220 rows at Qwen3's V = 151,936). Much smaller chunks are slower on CPU: each
@@ -141,25 +139,9 @@ class _LinearLogProbs(torch.autograd.Function):
         )
 
 
-def _is_zero3_param(weight: Tensor) -> bool:
+def is_zero3_param(weight: Tensor) -> bool:
+    """A DeepSpeed ZeRO-3 partitioned parameter (its data lives in shards outside a forward)."""
     return hasattr(weight, "ds_id")
-
-
-def _checkpointed_module_chunks(
-    lm_head: Callable[[Tensor], Tensor], h: Tensor, labels: Tensor, temperature: float, rows: int,
-) -> tuple[Tensor, Tensor]:
-    """Same result through the ``lm_head`` module, one checkpoint per chunk (for ZeRO-3 weights)."""
-
-    def chunk(hc: Tensor, lc: Tensor) -> tuple[Tensor, Tensor]:
-        return logprobs_and_entropy(lm_head(hc), lc, temperature)
-
-    lps: list[Tensor] = []
-    ents: list[Tensor] = []
-    for s in range(0, h.shape[0], rows):
-        lp, en = cast(tuple[Tensor, Tensor], checkpoint(chunk, h[s:s + rows], labels[s:s + rows], use_reentrant=False))
-        lps.append(lp)
-        ents.append(en)
-    return torch.cat(lps), torch.cat(ents)
 
 
 def logprobs_from_hidden(
@@ -182,7 +164,7 @@ def logprobs_from_hidden(
         temperature: rollout temperature (> 0).
         bias: Float[V] LM head bias, if the model has one.
         chunk_tokens: token rows per chunk; None = auto (float32 [rows x V] of <= 2**25 elements).
-        lm_head: the head module; used only for DeepSpeed ZeRO-3 (partitioned) weights.
+        lm_head: unused; kept for callers that pass the head module.
         with_entropy: False skips the entropy (returned as zeros, not differentiable): the
             training pass needs log-probs only.
 
@@ -204,19 +186,17 @@ def logprobs_from_hidden(
     valid = flat_l >= 0
     idx = valid.nonzero().squeeze(-1)
     n_all = flat_l.shape[0]
-    zero3 = _is_zero3_param(weight)
-    vocab = int(weight.ds_shape[0]) if zero3 else weight.shape[0]  # type: ignore[attr-defined]
+    if is_zero3_param(weight):
+        # Through the partitioned head the ZeRO-3 gradients came out wrong (1e-3 vs torch on the
+        # 2-rank test): callers take the model's own forward (``full`` path) under ZeRO-3.
+        raise ValueError("a DeepSpeed ZeRO-3 partitioned LM head weight: use the full log-prob path")
+    vocab = weight.shape[0]
     rows = hidden_chunk_rows(vocab, chunk_tokens)
-    mm = _matmul_dtype(flat_h, weight) if not zero3 else flat_h.dtype
+    mm = _matmul_dtype(flat_h, weight)
     cd = compute_dtype(mm)
     h_valid = flat_h.index_select(0, idx)
     l_valid = flat_l.index_select(0, idx)
-    if zero3:
-        if lm_head is None:
-            raise ValueError("a ZeRO-3 partitioned LM head weight needs the lm_head module (lm_head=...)")
-        lp_v, ent_v = _checkpointed_module_chunks(lm_head, h_valid, l_valid, t, rows)
-    else:
-        lp_v, ent_v = cast(tuple[Tensor, Tensor], _LinearLogProbs.apply(h_valid, weight, bias, l_valid, t, rows, mm, with_entropy))  # type: ignore[no-untyped-call]
+    lp_v, ent_v = cast(tuple[Tensor, Tensor], _LinearLogProbs.apply(h_valid, weight, bias, l_valid, t, rows, mm, with_entropy))  # type: ignore[no-untyped-call]
     lp = torch.zeros(n_all, dtype=cd, device=hidden.device).index_put((idx,), lp_v.to(cd))
     ent = torch.zeros(n_all, dtype=cd, device=hidden.device)
     if ent_v.numel():

@@ -4,7 +4,8 @@
 (``ulorl.algo.chunked_lm_head``), so no ``[B, L, V]`` logits tensor exists, in forward or backward;
 only response positions are scored. ``full``: the model's own ``logits`` (``[B, L, V]``) then
 ``logprobs_and_entropy`` — the path before chunking, kept for ``ulorl-bench memory`` and as a
-reference in tests.
+reference in tests. Under DeepSpeed ZeRO-3 (partitioned LM head) ``chunked`` falls back to
+``full``: the chunked path through a partitioned head is not correct yet.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Literal, Optional
 import torch
 from torch import Tensor
 
-from ulorl.algo.chunked_lm_head import logprobs_from_hidden
+from ulorl.algo.chunked_lm_head import is_zero3_param, logprobs_from_hidden
 from ulorl.algo.logprobs import logprobs_and_entropy, logprobs_from_logits
 from ulorl.train.batch import TrainBatch
 
@@ -84,6 +85,8 @@ def token_stats(
     or not computed (full), for the training pass that needs log-probs only.
     """
     mask = batch.response_mask.to(device)
+    if path == "chunked" and is_zero3_param(output_head(model).weight):
+        path = "full"  # ZeRO-3: the partitioned head is gathered only inside the model's own forward
     if path == "chunked":
         head = output_head(model)
         hidden = forward_hidden(model, batch, device)

@@ -30,7 +30,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Iterator, Sequence
 
-from ulorl.data.task import Split, is_correct, last_boxed_int  # noqa: F401  (re-exported: same checks)
+from ulorl.data.task import Split, canonical, is_correct, last_boxed_int, make_prompt  # noqa: F401  (re-exported: same checks and prompt)
 from ulorl.data.types import PromptItem
 
 SOURCE = "embedded:choice"
@@ -63,10 +63,6 @@ def term_count_weights(spec: ChoiceSpec = CHOICE_SPEC) -> dict[int, float]:
     raw = {k: float(k - spec.min_terms + 1) ** -spec.alpha for k in range(spec.min_terms, spec.max_terms + 1)}
     z = sum(raw.values())
     return {k: w / z for k, w in raw.items()}
-
-
-def canonical(terms: Sequence[int]) -> str:
-    return "+".join(str(t) for t in terms)
 
 
 def is_heldout(terms: Sequence[int], spec: ChoiceSpec = CHOICE_SPEC) -> bool:
@@ -141,10 +137,6 @@ def sample_solution(terms: Sequence[int], rng: random.Random, spec: ChoiceSpec =
         slots.append(slot)
         left -= g
     return derivation(terms, groups, slots), h
-
-
-def make_prompt(terms: Sequence[int]) -> str:
-    return f"Add: {canonical(terms)}\n"
 
 
 def make_item(terms: Sequence[int], item_id: str) -> PromptItem:

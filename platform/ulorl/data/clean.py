@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
-from ulorl.data.jsonl import DataError
+from ulorl.data.jsonl import read_json_objects
 from ulorl.data.prompts import build_prompt
 from ulorl.data.types import PromptItem
 from ulorl.reward.extract import braced_group, extract_answer
@@ -325,22 +325,7 @@ class CleanReport:
 def read_rows(path: str | Path) -> list[Row]:
     """Rows of a JSONL file; a line that is not a JSON object is a ``DataError`` (file:line).
     Missing / empty fields are *not* errors here: the ``missing_field`` filter records them."""
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{p}: input file not found")
-    rows: list[Row] = []
-    with p.open("r", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{p}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(obj, dict):
-                raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-            rows.append(Row(lineno, obj))
-    return rows
+    return [Row(lineno, obj) for lineno, obj in read_json_objects(path, missing="input file not found")]
 
 
 def _text(v: Any) -> str:

@@ -42,6 +42,30 @@ def _answer_text(value: Any) -> Optional[str]:
     return None
 
 
+def read_json_objects(path: str | os.PathLike[str], missing: str = "file not found") -> list[tuple[int, dict[str, Any]]]:
+    """``(1-based line, object)`` of every non-blank line of a JSONL file.
+
+    Raises ``DataError`` naming the file (``missing`` when it does not exist) or ``file:line`` for a
+    line that is not valid JSON or not a JSON object.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: {missing}")
+    rows: list[tuple[int, dict[str, Any]]] = []
+    with p.open("r", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{p}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{p}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            rows.append((lineno, row))
+    return rows
+
+
 def load_jsonl_prompts(path: str | os.PathLike[str]) -> list[PromptItem]:
     """Read ``path`` (one JSON object per line with ``problem`` and ``answer``) into prompt items.
 
@@ -51,43 +75,32 @@ def load_jsonl_prompts(path: str | os.PathLike[str]) -> list[PromptItem]:
     a duplicate ``id``; and for a missing or empty file.
     """
     p = Path(path)
-    if not p.is_file():
-        raise DataError(f"{p}: dataset file not found")
     items: list[PromptItem] = []
     first_line: dict[str, int] = {}
-    with p.open("r", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{p}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-            problem = row.get("problem")
-            if not isinstance(problem, str) or not problem.strip():
-                what = "missing" if "problem" not in row else "empty or not a string"
-                raise DataError(f"{where}: field 'problem' is {what}")
-            if "answer" not in row:
-                raise DataError(f"{where}: field 'answer' is missing")
-            answer = _answer_text(row["answer"])
-            if not answer:
-                raise DataError(f"{where}: field 'answer' is empty or not a string/number ({row['answer']!r})")
-            item_id = str(row.get("id") or f"{p.stem}-{lineno}")
-            if item_id in first_line:
-                raise DataError(f"{where}: duplicate id {item_id!r} (first on line {first_line[item_id]})")
-            first_line[item_id] = lineno
-            items.append(
-                PromptItem(
-                    id=item_id,
-                    problem=problem.strip(),
-                    answer=answer,
-                    source=str(row.get("source") or p),
-                    meta={k: v for k, v in row.items() if k not in _KNOWN},
-                )
+    for lineno, row in read_json_objects(p, missing="dataset file not found"):
+        where = f"{p}:{lineno}"
+        problem = row.get("problem")
+        if not isinstance(problem, str) or not problem.strip():
+            what = "missing" if "problem" not in row else "empty or not a string"
+            raise DataError(f"{where}: field 'problem' is {what}")
+        if "answer" not in row:
+            raise DataError(f"{where}: field 'answer' is missing")
+        answer = _answer_text(row["answer"])
+        if not answer:
+            raise DataError(f"{where}: field 'answer' is empty or not a string/number ({row['answer']!r})")
+        item_id = str(row.get("id") or f"{p.stem}-{lineno}")
+        if item_id in first_line:
+            raise DataError(f"{where}: duplicate id {item_id!r} (first on line {first_line[item_id]})")
+        first_line[item_id] = lineno
+        items.append(
+            PromptItem(
+                id=item_id,
+                problem=problem.strip(),
+                answer=answer,
+                source=str(row.get("source") or p),
+                meta={k: v for k, v in row.items() if k not in _KNOWN},
             )
+        )
     if not items:
         raise DataError(f"{p}: no rows (the file is empty)")
     return items

@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from typing import Any, Optional
 
+from ulorl.data.jsonl import DataError, read_json_objects
 from ulorl.reward.extract import EXTRACTION_MODES, extract_answer
 
 REQUIRED = ("response", "answer", "label")
@@ -36,28 +37,19 @@ def load_labelled(path: str) -> list[dict[str, Any]]:
     """Rows of a labelled JSONL file, checked: ``response``/``answer`` strings, ``label`` bool."""
     rows = []
     try:
-        fh = open(path, encoding="utf-8")
-    except OSError as exc:
-        raise LabelledDataError(f"{path}: cannot open: {exc}") from None
-    with fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LabelledDataError(f"{path}:{n}: not JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise LabelledDataError(f"{path}:{n}: expected an object, got {type(row).__name__}")
-            for key in REQUIRED:
-                if key not in row:
-                    raise LabelledDataError(f"{path}:{n}: missing key {key!r}")
-            if not isinstance(row["response"], str) or not isinstance(row["answer"], (str, int, float)):
-                raise LabelledDataError(f"{path}:{n}: 'response' must be a string and 'answer' a string or number")
-            if not isinstance(row["label"], bool):
-                raise LabelledDataError(f"{path}:{n}: 'label' must be true or false, got {row['label']!r}")
-            row["answer"] = str(row["answer"])
-            rows.append(row)
+        objects = read_json_objects(path)
+    except DataError as exc:
+        raise LabelledDataError(str(exc)) from None
+    for n, row in objects:
+        for key in REQUIRED:
+            if key not in row:
+                raise LabelledDataError(f"{path}:{n}: missing key {key!r}")
+        if not isinstance(row["response"], str) or not isinstance(row["answer"], (str, int, float)):
+            raise LabelledDataError(f"{path}:{n}: 'response' must be a string and 'answer' a string or number")
+        if not isinstance(row["label"], bool):
+            raise LabelledDataError(f"{path}:{n}: 'label' must be true or false, got {row['label']!r}")
+        row["answer"] = str(row["answer"])
+        rows.append(row)
     if not rows:
         raise LabelledDataError(f"{path}: no rows")
     return rows

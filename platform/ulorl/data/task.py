@@ -94,15 +94,16 @@ def make_item(terms: Sequence[int], item_id: str) -> PromptItem:
     )
 
 
-def _split_seed(split: Split, seed: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{SOURCE}:{split}:{seed}".encode()).digest()[:8], "big")
+def split_seed(source: str, split: Split, seed: int) -> int:
+    """Seed of one task's split stream: a hash of (task source, split, seed)."""
+    return int.from_bytes(hashlib.sha256(f"{source}:{split}:{seed}".encode()).digest()[:8], "big")
 
 
 def iter_split(split: Split, seed: int = 0, spec: TaskSpec = DEFAULT_SPEC) -> Iterator[PromptItem]:
     """Endless deterministic stream of items of one split (duplicates possible within a split)."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    rng = random.Random(_split_seed(split, seed))
+    rng = random.Random(split_seed(SOURCE, split, seed))
     weights = term_count_weights(spec)
     ks, ps = list(weights), list(weights.values())
     want_heldout = split == "heldout"

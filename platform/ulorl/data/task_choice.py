@@ -30,7 +30,7 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Iterator, Sequence
 
-from ulorl.data.task import Split, canonical, is_correct, last_boxed_int, make_prompt  # noqa: F401  (re-exported: same checks and prompt)
+from ulorl.data.task import Split, canonical, is_correct, last_boxed_int, make_prompt, split_seed  # noqa: F401  (re-exported: same checks and prompt)
 from ulorl.data.types import PromptItem
 
 SOURCE = "embedded:choice"
@@ -151,17 +151,13 @@ def make_item(terms: Sequence[int], item_id: str) -> PromptItem:
     )
 
 
-def _split_seed(split: Split, seed: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{SOURCE}:{split}:{seed}".encode()).digest()[:8], "big")
-
-
 def iter_split(split: Split, seed: int = 0, spec: ChoiceSpec = CHOICE_SPEC) -> Iterator[PromptItem]:
     """Endless deterministic stream of items of one split."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     if spec.high - spec.low + 1 < spec.max_terms:
         raise ValueError(f"term range [{spec.low}, {spec.high}] cannot hold {spec.max_terms} distinct terms")
-    rng = random.Random(_split_seed(split, seed))
+    rng = random.Random(split_seed(SOURCE, split, seed))
     weights = term_count_weights(spec)
     ks, ps = list(weights), list(weights.values())
     want_heldout = split == "heldout"

@@ -300,3 +300,34 @@ def test_trailing_mean_and_window_are_hand_checked():
     assert trailing_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert trailing_mean([2.0, 4.0], 5) == [2.0, 3.0]
     assert smoothing_window(39) == 1 and smoothing_window(40) == 5 and smoothing_window(200) == 10
+
+
+def test_table3_compares_heldout_at_equal_trained_samples(tmp_path: Path, empty_db: Path) -> None:
+    st = Store(tmp_path, empty_db)
+    # S=1 trains 8 samples per step, S=4 only 4: after 10 steps 80 vs 40 samples.
+    fast = st.train_run("table3", {"rollout.max_response_len": 128, "rollout.segments": 1},
+                        {"train/samples": [8.0] * 10}, "fast", eval_points={5: 0.30, 10: 0.70})
+    slow = st.train_run("table3", {"rollout.max_response_len": 512, "rollout.segments": 4},
+                        {"train/samples": [4.0] * 10}, "slow", eval_points={5: 0.20, 10: 0.40})
+    store = RunStore.open(st.uri)
+
+    t3 = build_table3(store, HINTS)
+    # budget = min(80 at fast's last eval, 40 at slow's) = 40: fast at step 5 (40 samples), slow at step 10
+    f, s = _row(t3, "128", "1")["Held-out"], _row(t3, "512", "4")["Held-out"]
+    assert f.value == pytest.approx(30.0) and f.run_ids == (fast,) and "step 5 (40 trained samples)" in f.note
+    assert s.value == pytest.approx(40.0) and s.run_ids == (slow,) and "step 10 (40 trained samples)" in s.note
+    assert any("equal trained samples" in n and "40 trained samples" in n for n in t3.notes)
+
+    by_steps = build_table3(store, HINTS, equal_samples=False)  # the old comparison: last points
+    assert _row(by_steps, "128", "1")["Held-out"].value == pytest.approx(70.0)
+
+
+def test_table3_run_without_a_point_within_the_budget_is_not_averaged(tmp_path: Path, empty_db: Path) -> None:
+    st = Store(tmp_path, empty_db)
+    st.train_run("table3", {"rollout.max_response_len": 256, "rollout.segments": 2},
+                 {"train/samples": [4.0] * 10}, "a", eval_points={10: 0.5})              # 40 samples at its eval
+    late = st.train_run("table3", {"rollout.max_response_len": 256, "rollout.segments": 2},
+                        {"train/samples": [8.0] * 10}, "b", eval_points={10: 0.9})       # first eval at 80 > 40
+    cell = _row(build_table3(RunStore.open(st.uri), HINTS), "256", "2")["Held-out"]
+    assert cell.text == "n/a" and cell.value is None and late in cell.run_ids
+    assert "1 of 2 runs have no comparable point" in cell.note

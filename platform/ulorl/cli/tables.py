@@ -23,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="paper_tables", help="output folder (created)")
     p.add_argument("--experiment", default=None, help="only runs of this MLflow experiment (default: all)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON summary object on stdout")
+    p.add_argument("--table3-at", choices=("samples", "last"), default="samples",
+                   help="Table 3's held-out column: 'samples' (default) compares runs at equal trained samples "
+                        "(the fewest any run had at its last periodic eval); 'last' takes each run's last point "
+                        "(equal step counts)")
     return p
 
 
@@ -49,12 +53,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     print(f"[ulorl-tables] {len(store.runs())} runs; writing {args.out}", file=sys.stderr, flush=True)
     hints = find_hints()
-    summary = write_all(store, args.out, hints)
+    equal_samples = args.table3_at == "samples"
+    summary = write_all(store, args.out, hints, equal_samples)
     summary["tracking_uri"] = uri
     if args.json:
         print(json.dumps(summary))
     else:
-        for t in build_tables(store, hints):
+        for t in build_tables(store, hints, equal_samples):
             print(to_markdown(t))
         for key, f in summary["figures"].items():
             state = "not run" if f["not_run"] else f"{f['runs']} run(s): {', '.join(f['lines'])}"

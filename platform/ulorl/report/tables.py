@@ -413,19 +413,66 @@ def build_table2(store: RunStore, hints: dict[str, str]) -> Table:
 # ----------------------------------------------------------------------------- Table 3
 
 
-def _train_score(store: RunStore, run: RunInfo, bench: str) -> Optional[Cell]:
-    """Score of a training run on ``bench``: its latest nested eval run on that benchmark, else
-    (held-out only) the last periodic ``eval/heldout/avg_at_k`` point logged in the run itself."""
-    nested = [c for c in store.children(run.run_id, kind="eval") if c.tags.get(schema.BENCHMARK_TAG) == bench
-              and schema.eval_metric(bench, "avg_at_k") in c.metrics]
-    if nested:
-        c = _score_cell(nested[-1], bench)
-        return Cell(c.text, c.value, c.run_ids, note=c.note + " (nested eval run)", mode=c.mode)
+def cumulative_samples(steps: Sequence[int], samples: Sequence[float]) -> dict[int, float]:
+    """Trained samples up to and including each logged step: ``{step: sum of train/samples for steps <= step}``."""
+    out: dict[int, float] = {}
+    total = 0.0
+    for step, n in sorted(dict(zip(steps, samples)).items()):
+        total += n
+        out[step] = total
+    return out
+
+
+def samples_at(cum: dict[int, float], step: int) -> float:
+    """Trained samples after ``step`` (0 before the first logged step)."""
+    done = [v for s, v in cum.items() if s <= step]
+    return max(done) if done else 0.0
+
+
+def point_at_budget(eval_steps: Sequence[int], eval_values: Sequence[float], cum: dict[int, float],
+                    budget: float) -> Optional[tuple[int, float]]:
+    """The latest periodic eval point ``(step, value)`` whose trained samples are <= ``budget``; None if
+    even the first eval point came after the budget was spent."""
+    inside = [(s, v) for s, v in zip(eval_steps, eval_values) if samples_at(cum, s) <= budget + 1e-9]
+    return max(inside) if inside else None
+
+
+def sample_budget(store: RunStore, runs: Sequence[RunInfo]) -> Optional[float]:
+    """Equal-samples budget of Table 3: the fewest trained samples any run had at its last periodic
+    held-out eval (so every run has a point at or before it); None when no run logs both."""
+    key = schema.eval_metric("heldout", "avg_at_k")
+    totals = []
+    for r in runs:
+        eval_steps, _ = store.history(r.run_id, key) if key in r.metrics else ([], [])
+        if eval_steps and "train/samples" in r.metrics:
+            totals.append(samples_at(cumulative_samples(*store.history(r.run_id, "train/samples")), max(eval_steps)))
+    return min(totals) if totals else None
+
+
+def _train_score(store: RunStore, run: RunInfo, bench: str, budget: Optional[float] = None) -> Optional[Cell]:
+    """Score of a training run on ``bench``. Held-out with a ``budget``: the last periodic
+    ``eval/heldout/avg_at_k`` point within ``budget`` trained samples (equal-samples comparison).
+    Otherwise: its latest nested eval run on that benchmark (a final checkpoint, at the run's own
+    budget), else (held-out only) the last periodic point logged in the run itself."""
     key = schema.eval_metric(bench, "avg_at_k")
     steps, values = store.history(run.run_id, key) if key in run.metrics else ([], [])
+    if budget is not None and values and "train/samples" in run.metrics:
+        cum = cumulative_samples(*store.history(run.run_id, "train/samples"))
+        hit = point_at_budget(steps, values, cum, budget)
+        if hit is None:
+            return Cell(NA, None, (run.run_id,), note=f"first periodic eval after the budget of {budget:.0f} trained "
+                        "samples: not comparable at equal samples", mode=extraction_mode(run))
+        return Cell(_pct(hit[1]), 100.0 * hit[1], (run.run_id,),
+                    note=f"{key} at step {hit[0]} ({samples_at(cum, hit[0]):.0f} trained samples) x100",
+                    mode=extraction_mode(run))
+    nested = [c for c in store.children(run.run_id, kind="eval") if c.tags.get(schema.BENCHMARK_TAG) == bench
+              and key in c.metrics]
+    if nested:
+        c = _score_cell(nested[-1], bench)
+        return Cell(c.text, c.value, c.run_ids, note=c.note + " (nested eval run, final checkpoint)", mode=c.mode)
     if values:
         return Cell(_pct(values[-1]), 100.0 * values[-1], (run.run_id,),
-                    note=f"{key} at step {steps[-1]} x100 (periodic eval)", mode=extraction_mode(run))
+                    note=f"{key} at step {steps[-1]} x100 (periodic eval, last point)", mode=extraction_mode(run))
     return None
 
 
@@ -436,17 +483,27 @@ def _mean_cell(cells: list[Cell]) -> Cell:
         return Cell(NA, None, tuple(rid for c in cells for rid in c.run_ids),
                     note="runs scored with different reward.extraction modes: " + ", ".join(sorted({c.mode for c in cells})))
     vals = [c.value for c in cells if c.value is not None]
-    v = sum(vals) / len(vals)
     ids = tuple(dict.fromkeys(rid for c in cells for rid in c.run_ids))
+    if not vals:
+        return Cell(NA, None, ids, note="; ".join(dict.fromkeys(c.note for c in cells)), mode=cells[0].mode)
+    if len(vals) < len(cells):
+        return Cell(NA, None, ids, note=f"{len(cells) - len(vals)} of {len(cells)} runs have no comparable point: "
+                    + "; ".join(dict.fromkeys(c.note for c in cells if c.value is None)), mode=cells[0].mode)
+    v = sum(vals) / len(vals)
     note = cells[0].note if len(cells) == 1 else f"mean over {len(cells)} runs"
     return Cell(_fmt(v, 1), v, ids, note=note, mode=cells[0].mode)
 
 
-def build_table3(store: RunStore, hints: dict[str, str]) -> Table:
+def build_table3(store: RunStore, hints: dict[str, str], equal_samples: bool = True) -> Table:
     """Score by training ``rollout.max_response_len`` from training runs tagged table3 (mean over
-    runs of equal length and segments), plus the base model's eval runs, with the paper beside."""
+    runs of equal length and segments), plus the base model's eval runs, with the paper beside.
+
+    With ``equal_samples`` the held-out column compares runs at one budget of trained samples
+    (``sample_budget``): runs of different lengths / segment counts train different numbers of
+    samples per step, so equal step counts are not an equal amount of learning."""
     hints = {**DEFAULT_HINTS, **hints}
     runs = [r for r in store.runs(paper_ref="table3") if r.kind in ("train", "")]
+    budget = sample_budget(store, runs) if equal_samples else None
     groups: dict[tuple[int, int], list[RunInfo]] = {}
     for r in runs:
         groups.setdefault((r.int_param("rollout.max_response_len") or 0, r.int_param("rollout.segments") or 0), []).append(r)
@@ -468,7 +525,8 @@ def build_table3(store: RunStore, hints: dict[str, str]) -> Table:
         grp = groups.get((length, segs), [])
         cells = []
         for b, _ in benches:
-            found = [c for c in (_train_score(store, r, b) for r in grp) if c is not None]
+            found = [c for c in (_train_score(store, r, b, budget if b == "heldout" else None) for r in grp)
+                     if c is not None]
             cells.append(_mean_cell(found))
         ids = tuple(r.run_id for r in grp)
         name = f"ulorl-{length}" if grp else "ours"
@@ -485,9 +543,15 @@ def build_table3(store: RunStore, hints: dict[str, str]) -> Table:
         )
     notes = [
         "Ours: avg@k x100 of training runs tagged ulorl.paper_ref=table3, grouped by rollout.max_response_len and "
-        "rollout.segments (mean over runs); a nested eval run of the benchmark wins over the run's last periodic "
-        "eval/heldout/avg_at_k. Base row: standalone eval runs of the embedded model. Paper: avg@32 (Table 3).",
+        "rollout.segments (mean over runs). Benchmark columns: nested eval runs (final checkpoints, each at its "
+        "run's own budget). Base row: standalone eval runs of the embedded model. Paper: avg@32 (Table 3).",
     ]
+    if budget is not None:
+        notes.append(f"Held-out column at equal trained samples: each run's last periodic eval/heldout/avg_at_k within "
+                     f"{budget:.0f} trained samples (train/samples summed; the fewest any run had at its last eval)")
+    else:
+        notes.append("Held-out column: no run logs both train/samples and periodic evals, so each run's nested eval "
+                     "or last periodic point is used (equal step counts, not equal trained samples)")
     if modes:
         notes.append("reward extraction per column (one mode per column; other modes shown as n/a): "
                      + ", ".join(f"{header[j]}={m}" for j, m in sorted(modes.items())))
@@ -576,12 +640,14 @@ def cell_records(t: Table) -> list[dict[str, str]]:
     return recs
 
 
-def build_tables(store: RunStore, hints: Optional[dict[str, str]] = None) -> list[Table]:
+def build_tables(store: RunStore, hints: Optional[dict[str, str]] = None, equal_samples: bool = True) -> list[Table]:
+    """Tables 1-3; ``equal_samples`` picks Table 3's held-out budget (see ``build_table3``)."""
     hints = {**DEFAULT_HINTS, **(hints if hints is not None else find_hints())}
-    return [build_table1(store, hints), build_table2(store, hints), build_table3(store, hints)]
+    return [build_table1(store, hints), build_table2(store, hints), build_table3(store, hints, equal_samples)]
 
 
-def write_all(store: RunStore, out_dir: str | Path, hints: Optional[dict[str, str]] = None) -> dict[str, Any]:
+def write_all(store: RunStore, out_dir: str | Path, hints: Optional[dict[str, str]] = None,
+              equal_samples: bool = True) -> dict[str, Any]:
     """Write table{1,2,3}.{md,tex,csv}, fig{2,4,5}.png and cells.csv into ``out_dir``.
 
     Returns a summary: ``{"out": ..., "files": [...], "tables": {key: {"cells", "not_run", "runs"}},
@@ -595,7 +661,7 @@ def write_all(store: RunStore, out_dir: str | Path, hints: Optional[dict[str, st
     files: list[str] = []
     records: list[dict[str, str]] = []
     summary: dict[str, Any] = {"out": str(out.resolve()), "files": files, "tables": {}, "figures": {}, "hints": hints}
-    for t in build_tables(store, hints):
+    for t in build_tables(store, hints, equal_samples):
         for ext, text in (("md", to_markdown(t)), ("tex", to_latex(t)), ("csv", to_csv(t))):
             p = out / f"{t.key}.{ext}"
             p.write_text(text)

@@ -21,9 +21,27 @@ def _spec(tmp_path: Path, body: str) -> Path:
 
 @pytest.mark.parametrize("path", sorted((ROOT / "sweeps").rglob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_sweeps_validate(path):
-    spec, base, _ = load_sweep(path)
-    assert base.is_file()
-    assert describe_trials(spec)
+    spec, base_path, base = load_sweep(path)
+    assert base_path.is_file()
+    trials = describe_trials(spec, base, base_path)
+    assert trials and all("resources" in t for t in trials)
+
+
+def test_dry_run_shows_the_placement_bundles_of_multi_process_trials(tmp_path):
+    body = ("overrides: {resources.trainer_workers: 2, resources.gpus_per_trainer_worker: 1, "
+            "resources.rollout_engines: 1, resources.gpus_per_engine: 1}\n"
+            "num_samples: 1\nsearch: {algorithm: grid}\nvariants:\n  - {name: one, overrides: {}}\n")
+    spec, base_path, base = load_sweep(_spec(tmp_path, body))
+    (trial,) = describe_trials(spec, base, base_path)
+    pg = trial["resources"]["placement_group"]
+    assert pg["strategy"] == "STRICT_PACK" and pg["nodes"] == 1
+    assert [b["role"] for b in pg["bundles"]] == ["trial", "trainer.0", "trainer.1", "engine.0"]
+    assert [b.get("GPU", 0) for b in pg["bundles"]] == [0, 1, 1, 1]
+
+
+def test_dry_run_one_process_trial_keeps_cpu_gpu(tmp_path):
+    spec, base_path, base = load_sweep(_spec(tmp_path, "resources: {cpu: 2, gpu: 0}\n"))
+    assert all(t["resources"] == {"cpu": 2, "gpu": 0} for t in describe_trials(spec, base, base_path))
 
 
 def test_unknown_space_key_names_path(tmp_path):

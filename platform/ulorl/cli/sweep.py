@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         from ulorl.rollout.engines import vllm_available
         from ulorl.sweep.launch import describe_trials
 
-        trials = describe_trials(spec)
+        _, _, base = load_sweep(args.sweep)
+        trials = describe_trials(spec, base, base_path)
         print(f"sweep {spec.name}: base {base_path}, {len(trials)} trial(s), search {spec.search.algorithm}, "
               f"metric {spec.metric} ({spec.mode}), max concurrent {spec.max_concurrent}")
         if spec.baseline is not None:
@@ -54,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
                   + (f" and the best trial re-run on {b.seeds - 1} more" if b.seeds > 1 else ""))
         for t in trials:
             print("  " + json.dumps(t, default=str))
-        _, _, base = load_sweep(args.sweep)
         if config_from_dict(base).rollout.engine == "vllm" and not vllm_available():
             print("note: rollout.engine=vllm needs the 'gpu' extra (pip install 'ulorl[gpu]'); trials would fail here")
         return 0

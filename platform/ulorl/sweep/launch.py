@@ -21,7 +21,7 @@ from typing import Any, Optional
 from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict, flatten_config
 from ulorl.scale.placement import PlacementError
 from ulorl.sweep import ranking
-from ulorl.sweep.placed import check_trials_fit, needs_placement, run_placed_trial, trial_resources
+from ulorl.sweep.placed import check_trials_fit, describe_resources, needs_placement, run_placed_trial, trial_resources
 from ulorl.sweep.server import MlflowServer
 from ulorl.sweep.spec import SweepError, SweepSpec, grid_trials, load_sweep, trial_run_name
 from ulorl.tracking import resolve_tracking_uri, schema
@@ -151,11 +151,19 @@ def _search_space(spec: SweepSpec) -> dict[str, Any]:
     return out
 
 
-def describe_trials(spec: SweepSpec) -> list[dict[str, Any]]:
-    """What ``--dry-run`` prints: the trials (grid) or the space and sample count (optuna)."""
-    res = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
+def describe_trials(spec: SweepSpec, base: dict[str, Any], base_path: str | Path) -> list[dict[str, Any]]:
+    """What ``--dry-run`` prints: the trials (grid) or the space and sample count (optuna), each with
+    the resources Tune will reserve for it (a placement group's bundles for multi-process trials)."""
+    cpu, gpu = spec.resources.cpu, spec.resources.gpu
+    fixed = dict(spec.overrides)
+
+    def resources(overrides: dict[str, Any]) -> dict[str, Any]:
+        cfg = config_from_dict(apply_overrides(base, {**fixed, **overrides}), str(base_path))
+        return describe_resources(cfg, cpu, gpu)
+
     if spec.search.algorithm == "grid":
-        return [{**t, "resources": res} for t in grid_trials(spec) for _ in range(spec.num_samples)]
+        return [{**t, "resources": resources(t["overrides"])} for t in grid_trials(spec) for _ in range(spec.num_samples)]
+    res = resources({})  # optuna: the base with the fixed overrides (a searched resources.* key would change it)
     return [{"trial": i, "space": {k: d.model_dump(exclude_none=True) for k, d in spec.space.items()},
              "resources": res} for i in range(spec.num_samples)]
 

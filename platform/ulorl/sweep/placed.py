@@ -48,6 +48,17 @@ def trial_resources(cfg: ExperimentConfig, cpu: float, gpu: float) -> Any:
     return {"cpu": cpu, "gpu": gpu}
 
 
+def describe_resources(cfg: ExperimentConfig, cpu: float, gpu: float) -> dict[str, Any]:
+    """What ``ulorl-sweep --dry-run`` prints for a trial of ``cfg``: ``{cpu, gpu}`` for a one-process
+    trial, else the placement group Tune will request (strategy and each bundle with its role)."""
+    if not needs_placement(cfg):
+        return {"cpu": cpu, "gpu": gpu}
+    bundles = [dict(TRIAL_BUNDLE)] + placement_bundles(cfg)
+    roles = ["trial"] + bundle_roles(cfg)
+    return {"placement_group": {"strategy": placement_strategy(cfg), "nodes": cfg.resources.nodes,
+                                "bundles": [{"role": role, **b} for role, b in zip(roles, bundles)]}}
+
+
 def check_trials_fit(cfgs: list[tuple[str, ExperimentConfig]], nodes: Optional[list[dict[str, Any]]] = None) -> None:
     """Raise ``PlacementError`` when a placed trial can never be scheduled on the cluster's nodes.
 

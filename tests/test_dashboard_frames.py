@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ulorl.dashboard import frames
+from ulorl.dashboard import charts, frames
 
 
 def _runs(rows: list[dict]) -> pd.DataFrame:
@@ -224,3 +224,14 @@ def test_rollout_stats_steady_window_skips_the_first_s_steps():
     assert steady["finished_per_s"] == 12 / 4.0 and steady["trained_per_s"] == 16 / 4.0
     everything = frames.rollout_stats(pd.DataFrame(rows)).iloc[0]
     assert everything["steps"] == 4 and everything["trained_per_s"] == 18 / 4.2
+
+
+def test_bench_series_splits_a_benchmark_scored_under_two_extraction_modes():
+    table = pd.DataFrame({"run_id": ["a", "b", "c", "d"], "label": list("abcd"),
+                          "bench": ["heldout", "heldout", "aime2025", "aime2025"],
+                          "extraction": ["boxed", "boxed_or_final", "boxed", "boxed"],
+                          "avg_at_k": [0.5, 0.6, 0.1, 0.2], "ci_low": [0.4, 0.5, 0.0, 0.1], "ci_high": [0.6, 0.7, 0.2, 0.3]})
+    assert list(frames.bench_series(table)) == ["heldout [boxed]", "heldout [boxed_or_final]", "aime2025", "aime2025"]
+    spec = charts.benchmark_chart(table).to_dict()
+    series = {row["series"] for row in next(iter(spec["datasets"].values()))}
+    assert series == {"heldout [boxed]", "heldout [boxed_or_final]", "aime2025"}

@@ -10,6 +10,8 @@ from typing import Optional
 import altair as alt
 import pandas as pd
 
+from ulorl.dashboard import frames
+
 X_TITLES = {"step": "training step", "wall": "wall-clock (s since run start)"}
 
 
@@ -84,11 +86,13 @@ def paper_table1_chart(table1: pd.DataFrame) -> alt.Chart:
 
 
 def benchmark_chart(table: pd.DataFrame) -> alt.LayerChart:
-    """avg@k per run and benchmark with the logged confidence interval as error bars."""
-    enc = dict(x=alt.X("label:N", title=None, axis=alt.Axis(labelLimit=300)), xOffset="bench:N")
+    """avg@k per run and benchmark with the logged confidence interval as error bars; a benchmark
+    scored under several reward extraction modes gets one series per mode (``frames.bench_series``)."""
+    table = table.assign(series=frames.bench_series(table)) if "extraction" in table else table.assign(series=table["bench"])
+    enc = dict(x=alt.X("label:N", title=None, axis=alt.Axis(labelLimit=300)), xOffset="series:N")
     bars = alt.Chart(table).mark_bar().encode(
-        **enc, y=alt.Y("avg_at_k:Q", title="avg@k"), color=alt.Color("bench:N"),
-        tooltip=["label:N", "bench:N", alt.Tooltip("avg_at_k:Q", format=".3f"),
+        **enc, y=alt.Y("avg_at_k:Q", title="avg@k"), color=alt.Color("series:N", title="bench"),
+        tooltip=["label:N", "series:N", alt.Tooltip("avg_at_k:Q", format=".3f"),
                  alt.Tooltip("pass_at_k:Q", format=".3f"), alt.Tooltip("ci_low:Q", format=".3f"),
                  alt.Tooltip("ci_high:Q", format=".3f"), "k:Q"])
     ci = table.dropna(subset=["ci_low", "ci_high"])

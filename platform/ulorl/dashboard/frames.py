@@ -367,6 +367,17 @@ def benchmark_table(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def bench_series(table: pd.DataFrame) -> pd.Series:
+    """Chart series of each benchmark row: the bench name where every shown row of that bench used one
+    reward extraction mode, else ``"<bench> [<mode>]"``, so bars scored under different modes never
+    share a series (their numbers are not comparable)."""
+    if table.empty:
+        return pd.Series(dtype=object)
+    modes = table.groupby("bench")["extraction"].nunique()
+    mixed = table["bench"].map(modes) > 1
+    return table["bench"].where(~mixed, table["bench"] + " [" + table["extraction"].astype(str) + "]")
+
+
 def benchmark_deltas(table: pd.DataFrame, baseline_run_id: Optional[str]) -> pd.DataFrame:
     """Add delta_avg and delta_pass: the run's value minus the baseline run's on the same bench
     (NaN where the baseline has no value for that bench, scored it with another reward extraction

@@ -59,6 +59,11 @@ def render() -> None:
         st.altair_chart(charts.benchmark_chart(pct), width="stretch", key="bench_chart")
         st.caption("Bars: avg@k (%); whiskers: the confidence interval logged by ulorl-eval "
                    "(`ci_low` / `ci_high`, a bootstrap over problems).")
+        mixed = sorted(set(pct["bench"][frames.bench_series(pct) != pct["bench"]]))
+        if mixed:
+            st.warning(f"{', '.join(mixed)}: the selected runs were scored with different reward extraction modes "
+                       "(`reward.extraction`); their bars are separate series, `<bench> [<mode>]`, and are not "
+                       "comparable with each other.")
         if base_id:
             st.subheader("Difference vs baseline (paired on the same problems)")
             diffs = pct.dropna(subset=["diff"])

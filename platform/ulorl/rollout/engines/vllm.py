@@ -70,6 +70,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
+from ulorl.rollout.checkpoint_names import conversion_model, to_checkpoint_names
 from ulorl.rollout.engines.stop_ids import stop_token_ids
 from ulorl.rollout.engines.vllm_ext import (
     BUCKET_METHOD,
@@ -370,6 +371,8 @@ class VLLMEngine:
         if not eos_list:
             raise ValueError("VLLMEngine: eos_token_id is an empty list")
         self.eos_token_ids: list[int] = eos_list
+        # vLLM loads the checkpoint format: fused parameters (MoE experts) are reverted per update
+        self._names_model = conversion_model(model_dir)
         self.eos_token_id: int = eos_list[0]
         self.policy_version: int = 0
         self.max_model_len = int(max_model_len)
@@ -521,6 +524,7 @@ class VLLMEngine:
         """
         llm = self._live()
         t0 = time.perf_counter()
+        weights = to_checkpoint_names(self._names_model, named_tensors(weights))
         if self.asleep:
             llm.wake_up(tags=["weights"])
         if self.weight_transfer != "stream":
@@ -566,11 +570,12 @@ class VLLMEngine:
         """The old path: ONE ``torch.save`` blob of the whole state dict (benchmark comparison only)."""
         llm = self._live()
         t0 = time.perf_counter()
-        blob = state_dict_to_bytes(dict(state_dict))
+        tensors = dict(to_checkpoint_names(self._names_model, named_tensors(state_dict)))
+        blob = state_dict_to_bytes(tensors)
         loaded = llm.collective_rpc(RELOAD_METHOD, args=(blob,))
         del blob
-        if any(n != len(state_dict) for n in loaded):
-            raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {len(state_dict)}")
+        if any(n != len(tensors) for n in loaded):
+            raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {len(tensors)}")
         if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
         self.policy_version = int(version)

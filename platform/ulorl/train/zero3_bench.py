@@ -13,9 +13,9 @@ the trainer does and build the ZeRO-3 ``DeepSpeedBackend``:
 
 Per rank: local parameter bytes after load and after init (sum of ``ds_tensor`` partitions, or
 full tensors), the rollout copy's bytes, VmRSS after init, and the peak extra VmRSS (sampled from
-``/proc/self/status``) during the load, during load + ``deepspeed.initialize`` (a whole model read
-from safetensors is file-mapped and enters VmRSS only when touched), and during one export of the weights for an engine
-(``named_weights_for_rollout``: gathered per bucket of ``--bucket-mb``; rank 0 consumes each tensor
+``/proc/self/status``) during the load, during load + ``deepspeed.initialize`` (a whole model
+read from safetensors is file-mapped and enters VmRSS only when touched), and during one export of
+the weights for an engine (``named_weights_for_rollout``: gathered per bucket of ``--bucket-mb``; rank 0 consumes each tensor
 and drops it, as a streaming engine does; the other ranks follow in ``worker_loop``).
 """
 

@@ -47,6 +47,7 @@ from ulorl.train.worker import load_model, load_train_model, pad_token_id, worke
 
 PATHS = ("partitioned", "full")
 MIB = 2**20
+DEFAULT_MMAP_THRESHOLD_MB = 1.0
 
 
 def model_spec_for(size_mb: float) -> dict[str, int]:
@@ -171,10 +172,16 @@ def _dir_weights_equal(directory: Path, reference: dict[str, torch.Tensor]) -> b
 
 
 def run_path(model_dir: Path, path: str, ranks: int, bucket_mb: float, out: Path, check: bool = False,
-             timeout_s: float = 600) -> list[dict[str, Any]]:
-    """Run one path on ``ranks`` gloo processes; the per-rank results, rank order."""
+             timeout_s: float = 600, mmap_threshold_mb: float = DEFAULT_MMAP_THRESHOLD_MB) -> list[dict[str, Any]]:
+    """Run one path on ``ranks`` gloo processes; the per-rank results, rank order.
+
+    ``mmap_threshold_mb`` > 0 sets glibc's ``MALLOC_MMAP_THRESHOLD_`` in the ranks: freed tensors
+    then go back to the system at once instead of staying in the heap (glibc raises its threshold
+    after every large free), so peaks show what is live rather than what the allocator kept."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if mmap_threshold_mb > 0:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(int(mmap_threshold_mb * MIB))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "ulorl.train.zero3_bench", "--model", str(model_dir), "--path", path, "--out", str(out),
            "--bucket-mb", str(bucket_mb), *(["--check"] if check else [])]
@@ -186,16 +193,19 @@ def run_path(model_dir: Path, path: str, ranks: int, bucket_mb: float, out: Path
 
 
 def run_zero3_bench(size_mb: float, ranks: int = 2, bucket_mb: float = 16.0, paths: tuple[str, ...] = PATHS,
-                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    progress: Callable[[str], None] | None = None,
+                    mmap_threshold_mb: float = DEFAULT_MMAP_THRESHOLD_MB) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ulorl-zero3-") as tmp:
         model_dir = build_model_dir(size_mb, Path(tmp) / "model")
         result: dict[str, Any] = {"size_mb": size_mb, "ranks": ranks, "bucket_mb": bucket_mb,
-                                  "spec": model_spec_for(size_mb), "paths": {}}
+                                  "spec": model_spec_for(size_mb), "mmap_threshold_mb": mmap_threshold_mb,
+                                  "paths": {}}
         for path in paths:
             if progress:
                 progress(f"path {path}: {ranks} ranks")
             t0 = time.perf_counter()
-            result["paths"][path] = run_path(model_dir, path, ranks, bucket_mb, Path(tmp) / path)
+            result["paths"][path] = run_path(model_dir, path, ranks, bucket_mb, Path(tmp) / path,
+                                             mmap_threshold_mb=mmap_threshold_mb)
             if progress:
                 progress(f"path {path}: {time.perf_counter() - t0:.1f} s")
     return result
@@ -204,7 +214,8 @@ def run_zero3_bench(size_mb: float, ranks: int = 2, bucket_mb: float = 16.0, pat
 def format_zero3(result: dict[str, Any]) -> str:
     full_mb = result["paths"][next(iter(result["paths"]))][0]["full_mb"]
     title = (f"ZeRO-3 memory, {result['ranks']} gloo ranks, model {full_mb:.1f} MiB float32, "
-             f"export bucket {result['bucket_mb']:g} MiB (MiB per rank)")
+             f"export bucket {result['bucket_mb']:g} MiB, MALLOC_MMAP_THRESHOLD_ "
+             f"{result['mmap_threshold_mb']:g} MiB (MiB per rank)")
     header = (f"{'path':<12}{'rank':>5}{'local@load':>11}{'local@init':>11}{'copy':>8}{'RSS@init':>10}"
               f"{'load peak+':>11}{'load+init peak+':>16}{'export peak+':>13}")
     rows = [title, header]
@@ -226,6 +237,9 @@ def add_zero3_parser(sub: Any) -> argparse.ArgumentParser:
     z.add_argument("--ranks", type=int, default=2, help="trainer processes (gloo)")
     z.add_argument("--bucket-mb", type=float, default=16.0, help="export bucket (MiB of full parameters)")
     z.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of: " + ", ".join(PATHS))
+    z.add_argument("--malloc-mmap-threshold-mb", type=float, default=DEFAULT_MMAP_THRESHOLD_MB,
+                   help="MALLOC_MMAP_THRESHOLD_ of the ranks (MiB; 0 = glibc's default, which keeps freed "
+                        "large tensors in the heap and inflates the peaks)")
     z.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
     return z
 
@@ -238,7 +252,8 @@ def run_zero3_cli(args: argparse.Namespace) -> int:
               "--size-mb and --bucket-mb > 0, --ranks >= 1", file=sys.stderr)
         return 2
     out = run_zero3_bench(args.size_mb, args.ranks, args.bucket_mb, paths,
-                          progress=lambda m: print(f"[ulorl-bench] {m}", file=sys.stderr, flush=True))
+                          progress=lambda m: print(f"[ulorl-bench] {m}", file=sys.stderr, flush=True),
+                          mmap_threshold_mb=args.malloc_mmap_threshold_mb)
     print(json.dumps(out) if args.json else format_zero3(out))
     return 0
 

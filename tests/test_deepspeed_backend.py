@@ -124,8 +124,8 @@ def _param_memory(backend) -> dict[str, float]:
 def _script(argv: list[str]) -> None:
     from ulorl.models.loading import load_policy
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.worker import worker_loop
     from ulorl.train.update import policy_update
+    from ulorl.train.worker import load_train_model, worker_loop
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path, required=True)
@@ -141,7 +141,8 @@ def _script(argv: list[str]) -> None:
     timing: dict[str, float] = {}
 
     def new_backend() -> DeepSpeedBackend:
-        model, tok = load_policy(str(a.model))
+        # ZeRO-3: the trainer's load (partitioned while loading), then the rank-0 copy gathered from it
+        model, tok = load_train_model(cfg, device) if a.stage == 3 else load_policy(str(a.model))
         t0 = time.perf_counter()
         b = DeepSpeedBackend(model, cfg.train)
         b.export_bucket_bytes = 64 << 10   # ZeRO-3 export in many buckets on the tiny model (same on every rank)

@@ -34,6 +34,7 @@ from ulorl.reward.verifier_bench import add_parser as add_verifier_parser
 from ulorl.reward.verifier_bench import run_cli as run_verifier_cli
 from ulorl.rollout.weight_sync_bench import add_weight_sync_parser, run_weight_sync_cli
 from ulorl.train.memory_bench import add_memory_parser, memory_main
+from ulorl.train.zero3_bench import add_zero3_parser, run_zero3_cli
 
 
 class BenchCliError(ValueError):
@@ -61,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ulorl-bench", description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{rollout,memory,verifier,weight-sync}")
+    sub = p.add_subparsers(dest="command", metavar="{rollout,memory,verifier,weight-sync,zero3-memory}")
     add_weight_sync_parser(sub)
+    add_zero3_parser(sub)
     r = sub.add_parser("rollout", help="segment rollout: S in {1,2,4,8} x static/compact, no training",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     r.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
@@ -102,6 +104,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return run_verifier_cli(args)
     if args.command == "weight-sync":
         return run_weight_sync_cli(args)
+    if args.command == "zero3-memory":
+        return run_zero3_cli(args)
     if args.command == "memory":
         return memory_main(args)
     if args.command != "rollout":

@@ -21,15 +21,25 @@
   trainer writes model/, pools, RNG and data position beside it. Resuming needs the same number of
   processes and a filesystem that every rank sees.
 * ``rollout_model``: the plain transformers module the rollout engine and the trainer's checkpoint
-  ``model/`` use — the engine's own module under ZeRO 1/2 (full replica), a full copy under ZeRO-3
-  (parameters are partitioned there), refreshed by ``state_dict_for_rollout``.
+  ``model/`` use — the engine's own module under ZeRO 1/2 (full replica), a full copy on rank 0
+  under ZeRO-3 (parameters are partitioned there), refreshed by ``state_dict_for_rollout``. With
+  ``rollout_copy=False`` (engines in other processes) rank 0 keeps no such copy: ``rollout_model``
+  is the partitioned module, weights leave through ``named_weights_for_rollout`` and
+  ``save_model`` gathered per bucket.
+* ZeRO-3 partitioned load: ``zero3_load(ds_config)`` around ``from_pretrained`` / ``from_config``
+  makes transformers build the model under ``deepspeed.zero.Init`` (each rank allocates only its
+  partition; transformers reads the checkpoint on rank 0 and scatters it parameter by parameter).
+  A model that arrives partitioned is wrapped as it is; one that arrives whole is partitioned by
+  ``deepspeed.initialize`` (every rank held the whole model until then).
 
 deepspeed is imported when the backend is built, never at package import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import json
 import logging
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -69,6 +79,47 @@ def bucketize_params(named: list[tuple[str, torch.nn.Parameter]], bucket_bytes: 
     return buckets
 
 
+def is_partitioned(model: torch.nn.Module) -> bool:
+    """True when ``model``'s parameters are ZeRO-3 partitioned (built under ``deepspeed.zero.Init``)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def local_partition_bytes(model: torch.nn.Module) -> int:
+    """Bytes of parameter data this rank holds: its ZeRO-3 partitions (``ds_tensor``), or the full
+    tensors of an unpartitioned model."""
+    return sum((p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()) * p.element_size()
+               for p in model.parameters())
+
+
+class _ZeroThreeLoadConfig:
+    """What transformers asks of a DeepSpeed config while loading (``is_zero3``, ``config``): the
+    same as ``transformers.integrations.HfDeepSpeedConfig`` without its ``accelerate`` dependency."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def is_zero3(self) -> bool:
+        return int(self.config.get("zero_optimization", {}).get("stage", 0)) == 3
+
+
+@contextlib.contextmanager
+def zero3_load(ds_config: dict[str, Any]) -> Iterator[None]:
+    """Inside: transformers' ``from_pretrained`` / ``from_config`` build models partitioned under
+    ``deepspeed.zero.Init(ds_config)``. Scoped (not kept for the process' life) so that models built
+    afterwards (a judge, an in-process engine's copy) stay whole and ``generate`` does not switch to
+    ZeRO-3's all-rank synchronised decoding. Needs the process group (``ensure_process_group``)."""
+    from transformers.integrations import deepspeed as hf_ds
+
+    previous = hf_ds._hf_deepspeed_config_weak_ref
+    holder = _ZeroThreeLoadConfig(ds_config)   # transformers keeps only a weak reference: hold it here
+    hf_ds.set_hf_deepspeed_config(holder)
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = previous
+        del holder
+
+
 def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
     """The DeepSpeed JSON config for ``cfg`` (see the module docstring for why each value)."""
     ds = cfg.deepspeed
@@ -91,6 +142,19 @@ def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
     }
 
 
+def unpartitioned_like(model: Any) -> Any:
+    """A whole (unpartitioned) module of ``model``'s class, config and dtype, weights uninitialised
+    (they are gathered into it next): the rank-0 rollout copy of a model loaded partitioned."""
+    from transformers import initialization as hf_init
+
+    dtype = next(model.parameters()).dtype
+    with hf_init.no_init_weights():
+        whole = type(model)._from_config(model.config, dtype=dtype)
+    if getattr(model, "is_gradient_checkpointing", False):
+        whole.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return whole
+
+
 class DeepSpeedBackend:
     """``TrainBackend`` over a DeepSpeed engine (module docstring).
 
@@ -102,7 +166,10 @@ class DeepSpeedBackend:
         data_parallel: ``DataParallel`` when WORLD_SIZE > 1, else None.
     """
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, rollout_copy: bool = True) -> None:
+        """``rollout_copy`` (ZeRO-3 only; the same value on every rank): rank 0 keeps a full
+        unpartitioned copy for an in-process engine / SAIS log-probs. False when the engines run in
+        other processes: no rank then holds more than its partition plus one export bucket."""
         if cfg.deepspeed.zero_stage not in (1, 2, 3):
             raise ValueError(
                 f"train.deepspeed.zero_stage={cfg.deepspeed.zero_stage}: the deepspeed backend runs ZeRO "
@@ -123,8 +190,13 @@ class DeepSpeedBackend:
         self.data_parallel: Optional[DataParallel] = (
             DataParallel(env.rank, env.world_size) if env.world_size > 1 else None
         )
-        # ZeRO-3 partitions the module's parameters in place: keep a full copy for rollouts (rank 0).
-        copy_for_rollout = copy.deepcopy(model) if self.zero_stage == 3 and self.is_main_process else None
+        self.rollout_copy = bool(rollout_copy) and self.zero_stage == 3
+        partitioned = is_partitioned(model)
+        # ZeRO-3 partitions the module's parameters in place: keep a full copy for rollouts (rank 0);
+        # a model loaded partitioned gets an empty copy, filled from gathered buckets below
+        copy_for_rollout = None
+        if self.rollout_copy and self.is_main_process:
+            copy_for_rollout = unpartitioned_like(model) if partitioned else copy.deepcopy(model)
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=cfg.lr,
@@ -144,6 +216,8 @@ class DeepSpeedBackend:
         else:
             self.rollout_model = self.module
         self.module.eval()
+        if self.rollout_copy and partitioned:
+            self._gather_into_rollout_copy()   # collective: every rank is here (same rollout_copy)
 
     # ------------------------------------------------------------------ training
     def backward(self, loss: torch.Tensor) -> None:
@@ -199,7 +273,7 @@ class DeepSpeedBackend:
         )
         if load_path is None:
             raise RuntimeError(f"DeepSpeed could not load its checkpoint from {path}")
-        if self.zero_stage == 3 and self.data_parallel is None:
+        if self.zero_stage == 3 and self.rollout_copy and self.data_parallel is None:
             self.state_dict_for_rollout()
 
     # ------------------------------------------------------------------ weights out
@@ -213,14 +287,59 @@ class DeepSpeedBackend:
             return {k: v.detach() for k, v in self.module.state_dict().items()}
         if self.data_parallel is not None and self.data_parallel.is_driver:
             self.data_parallel.send("gather")
+        if not self.rollout_copy:   # no full copy to refresh: rank 0 gets CPU copies, bucket by bucket
+            gathered: dict[str, torch.Tensor] = {}
+            for bucket in self._gathered_buckets():
+                if self.is_main_process:
+                    gathered.update({name: p.data.detach().to("cpu", copy=True) for name, p in bucket})
+            return gathered
+        self._gather_into_rollout_copy()
+        if not self.is_main_process:
+            return {}
+        return {k: v.detach() for k, v in self.rollout_model.state_dict().items()}
+
+    def _gather_into_rollout_copy(self) -> None:
+        """ZeRO-3, every rank: gather bucket by bucket; rank 0 copies each into ``rollout_model``."""
         target = dict(self.rollout_model.named_parameters()) if self.is_main_process else {}
         for bucket in self._gathered_buckets():
             for name, p in bucket:
                 if name in target:
                     target[name].data.copy_(p.data)
-        if not self.is_main_process:
-            return {}
-        return {k: v.detach() for k, v in self.rollout_model.state_dict().items()}
+
+    def save_model(self, directory: Path) -> None:
+        """Every rank (a collective under ZeRO-3): rank 0 writes the full weights to ``directory`` as
+        safetensors shards of one gathered bucket each (+ index and config), so that
+        ``from_pretrained(directory)`` loads them; rank 0 never holds more than one bucket."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        if self.zero_stage != 3 or self.rollout_copy:
+            if self.is_main_process:
+                whole: Any = self.rollout_model
+                whole.save_pretrained(directory, safe_serialization=True)
+            return
+        if self.data_parallel is not None and self.data_parallel.is_driver:
+            self.data_parallel.send("save_model", str(directory))
+        names = self._export_buckets()
+        weight_map: dict[str, str] = {}
+        if self.is_main_process:
+            directory.mkdir(parents=True, exist_ok=True)
+            config: Any = self.module.config
+            config.save_pretrained(directory)
+        for i, bucket in enumerate(self._gathered_buckets()):
+            if not self.is_main_process:
+                continue
+            shard = f"model-{i + 1:05d}-of-{len(names):05d}.safetensors"
+            save_file({name: p.data.detach().to("cpu", copy=True).contiguous() for name, p in bucket},
+                      str(directory / shard), metadata={"format": "pt"})
+            weight_map.update({name: shard for name, _ in bucket})
+        if self.is_main_process:
+            total = sum(full_nbytes(p) for p in self.module.parameters())
+            (directory / "model.safetensors.index.json").write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+
+    def _export_buckets(self) -> list[list[tuple[str, torch.nn.Parameter]]]:
+        return bucketize_params(list(self.module.named_parameters()), self.export_bucket_bytes)
 
     def named_weights_for_rollout(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Lazy ``(name, tensor)`` stream of the full weights for a streaming engine (rank 0).
@@ -241,13 +360,12 @@ class DeepSpeedBackend:
             for name, p in bucket:
                 yield name, p.data.detach().to("cpu", copy=True)
 
-    def _gathered_buckets(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def _gathered_buckets(self) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
         """ZeRO-3: ``named_parameters`` in buckets of ``export_bucket_bytes`` (full sizes), each
         inside ``GatheredParameters`` while the caller consumes it. Every rank must iterate fully."""
         from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 
-        named = list(self.module.named_parameters())
-        for bucket in bucketize_params(named, self.export_bucket_bytes):
+        for bucket in self._export_buckets():
             with GatheredParameters([p for _, p in bucket], modifier_rank=None):
                 yield bucket
 

@@ -40,13 +40,14 @@ from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
 from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.cohorts import CohortRewards
-from ulorl.train.deepspeed_backend import DeepSpeedBackend
+from ulorl.train.deepspeed_backend import DeepSpeedBackend, is_partitioned
 from ulorl.train.distributed import launch_role
 from ulorl.train.fill import merge_round_metrics
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
-from ulorl.train.worker import load_model, pad_token_id, run_worker_rank, seed_everything, set_threads
+from ulorl.train.worker import (load_model, load_train_model, pad_token_id, rollout_copy_needed, run_worker_rank,
+                                seed_everything, set_threads)
 
 log = logging.getLogger("ulorl.train")
 
@@ -195,7 +196,7 @@ class Trainer:
         self.train_items = load_items(cfg.data.train, cfg.data, "train")
         self.heldout_items = load_items(cfg.data.heldout, cfg.data, "heldout") if cfg.eval.every else []
 
-        model, tokenizer = load_model(cfg, self.device)
+        model, tokenizer = load_train_model(cfg, self.device)  # ZeRO-3: partitioned while loading
         self.tokenizer = tokenizer
         self.pad_id = pad_token_id(tokenizer)
         self.backend: TrainBackend = self._make_backend(model)
@@ -241,7 +242,7 @@ class Trainer:
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
         check_sequence_parallel(self.cfg.train)
         if self.cfg.train.backend == "deepspeed":
-            return DeepSpeedBackend(model, self.cfg.train)
+            return DeepSpeedBackend(model, self.cfg.train, rollout_copy=rollout_copy_needed(self.cfg))
         return TorchBackend(model, self.cfg.train)
 
     def _start_tracking(self) -> None:
@@ -296,7 +297,10 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         def payload(d: Path) -> None:
-            self.model.save_pretrained(d / "model", safe_serialization=True)
+            if hasattr(self.backend, "save_model"):   # ZeRO-3 without a full copy: gathered per bucket
+                self.backend.save_model(d / "model")
+            else:
+                self.model.save_pretrained(d / "model", safe_serialization=True)
             self.tokenizer.save_pretrained(d / "model")
             self.backend.save(d)
 
@@ -314,13 +318,14 @@ class Trainer:
         changes = check_resume_config(state.get("config"), self.cfg, allow=self.allow_config_change)
         if changes:
             log.warning("resuming %s with changed config: %s", path, ", ".join(c[0] for c in changes))
-        weights = {}
-        for f in sorted((path / "model").glob("*.safetensors")):
-            weights.update(load_file(str(f)))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
-        real_missing = [k for k in missing if "lm_head" not in k]  # tied embeddings are not saved twice
-        if real_missing or unexpected:
-            raise RuntimeError(f"checkpoint {path}: missing {real_missing[:5]} unexpected {unexpected[:5]}")
+        if not is_partitioned(self.model):   # a partitioned module gets its weights from backend.load
+            weights = {}
+            for f in sorted((path / "model").glob("*.safetensors")):
+                weights.update(load_file(str(f)))
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+            real_missing = [k for k in missing if "lm_head" not in k]  # tied embeddings are not saved twice
+            if real_missing or unexpected:
+                raise RuntimeError(f"checkpoint {path}: missing {real_missing[:5]} unexpected {unexpected[:5]}")
         self.backend.load(path)
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])

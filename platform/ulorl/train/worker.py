@@ -1,6 +1,7 @@
 """Set-up shared by every launch path, and the worker-rank entry point of a multi-process run.
 
     model, tokenizer = load_model(cfg, device)       # honours model.dtype / rope_scaling / trust_remote_code
+    model, tokenizer = load_train_model(cfg, device) # the trained policy: ZeRO-3 partitioned at load
     outcome = run_worker_rank(cfg, run_dir)         # ranks >= 1: follow rank 0 until it says stop
 
 Every path that builds the policy from an experiment (the single-process ``Trainer``, worker ranks,
@@ -25,8 +26,8 @@ import torch
 
 from ulorl.config import ExperimentConfig
 from ulorl.models.loading import load_policy
-from ulorl.train.deepspeed_backend import DeepSpeedBackend
-from ulorl.train.distributed import dist_env
+from ulorl.train.deepspeed_backend import DeepSpeedBackend, deepspeed_config, zero3_load
+from ulorl.train.distributed import dist_env, ensure_process_group
 from ulorl.train.update import policy_update
 
 log = logging.getLogger("ulorl.train.worker")
@@ -56,6 +57,32 @@ def load_model(
         rope_scaling=m.rope_scaling if rope_scaling else None, trust_remote_code=m.trust_remote_code,
         attn_implementation=m.attn_implementation, gradient_checkpointing=cfg.train.gradient_checkpointing,
     )
+
+
+def is_zero3(cfg: ExperimentConfig) -> bool:
+    return cfg.train.backend == "deepspeed" and cfg.train.deepspeed.zero_stage == 3
+
+
+def load_train_model(cfg: ExperimentConfig, device: str | torch.device) -> tuple[Any, Any]:
+    """(model, tokenizer) of the policy the trainer trains (every rank calls it).
+
+    Under ZeRO-3 (``train.backend=deepspeed``, ``zero_stage: 3``) the model is created partitioned:
+    each rank allocates only its share of every parameter while the weights load (transformers'
+    ``deepspeed.zero.Init`` path, rank 0 reading the checkpoint), instead of every rank loading the
+    whole model and ``deepspeed.initialize`` partitioning it afterwards. Other backends: ``load_model``.
+    """
+    if not is_zero3(cfg):
+        return load_model(cfg, device)
+    ensure_process_group(torch.device(device).type)   # zero.Init partitions over the process group
+    with zero3_load(deepspeed_config(cfg.train)):
+        return load_model(cfg, device)
+
+
+def rollout_copy_needed(cfg: ExperimentConfig) -> bool:
+    """Whether rank 0 keeps a full unpartitioned policy copy under ZeRO-3: yes for the in-process
+    hf engine and for SAIS log-probs (both run the policy on rank 0 alone); no when vLLM engines
+    (their own processes, loading the model directory themselves) are the only users of the weights."""
+    return not (cfg.rollout.engine == "vllm" and cfg.algo.is_mode != "sais")
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -91,6 +118,8 @@ def worker_loop(backend: Any, cfg: ExperimentConfig, pad_id: int, device: torch.
             backend.state_dict_for_rollout()
         elif name == "save":
             backend.save(Path(payload))
+        elif name == "save_model":
+            backend.save_model(Path(payload))
         elif name == "load":
             backend.load(Path(payload))
         elif name == "stop":
@@ -118,8 +147,8 @@ def run_worker_rank(cfg: ExperimentConfig, run_dir: Path) -> WorkerOutcome:
     set_threads(cfg)
     seed_everything(cfg.train.seed)
     device = worker_device(cfg)
-    model, tokenizer = load_model(cfg, device)
-    backend = DeepSpeedBackend(model, cfg.train)
+    model, tokenizer = load_train_model(cfg, device)
+    backend = DeepSpeedBackend(model, cfg.train, rollout_copy=rollout_copy_needed(cfg))
     rank = backend.rank
     old = {}
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -130,6 +130,87 @@ def ensure_process_group(device_type: str) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device_type == "cuda" else "gloo")
 
 
+# ----------------------------------------------------------------------------- process-group layout (pure)
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """world = dp x sp ranks: sequence-parallel groups are blocks of ``sp`` consecutive ranks.
+
+    Rank r sits in sequence-parallel group ``r // sp`` (the data-parallel rank: every member of one
+    SP group holds shards of the same rows) at SP rank ``r % sp``; the data-parallel group of r is
+    the ranks with the same SP rank. Consecutive blocks keep the SP all-to-alls inside one node
+    whenever ``sp`` divides the GPUs per node (DeepSpeed's ``parallel_state_sp`` uses the same blocks).
+    """
+
+    world_size: int
+    sp: int
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // self.sp
+
+    def dp_rank(self, rank: int) -> int:
+        return rank // self.sp
+
+    def sp_rank(self, rank: int) -> int:
+        return rank % self.sp
+
+    def sp_groups(self) -> list[list[int]]:
+        return [list(range(i * self.sp, (i + 1) * self.sp)) for i in range(self.dp)]
+
+    def dp_groups(self) -> list[list[int]]:
+        return [list(range(j, self.world_size, self.sp)) for j in range(self.sp)]
+
+
+def parallel_layout(world_size: int, sequence_parallel: int) -> ParallelLayout:
+    """The dp x sp layout; ``ValueError`` naming ``train.sequence_parallel`` when it does not divide the world."""
+    if sequence_parallel < 1:
+        raise ValueError(f"train.sequence_parallel must be >= 1, got {sequence_parallel}")
+    if world_size < 1 or world_size % sequence_parallel:
+        raise ValueError(
+            f"train.sequence_parallel={sequence_parallel} does not divide the {world_size} trainer processes "
+            "(WORLD_SIZE): the world is data-parallel x sequence-parallel ranks"
+        )
+    return ParallelLayout(world_size, sequence_parallel)
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """This rank's groups of a ``ParallelLayout`` (``None`` groups for a degree of 1)."""
+
+    layout: ParallelLayout
+    rank: int
+    sp_group: Any
+    dp_group: Any
+
+    @property
+    def sp_rank(self) -> int:
+        return self.layout.sp_rank(self.rank)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.layout.dp_rank(self.rank)
+
+
+def make_process_groups(layout: ParallelLayout, rank: int, backend: str | None = None) -> ProcessGroups:
+    """Create every SP and DP group (all ranks must call this, in the same order) and keep this rank's.
+
+    ``backend``: None = the default process group's (gloo on CPU, nccl on CUDA).
+    """
+    sp_group = dp_group = None
+    if layout.sp > 1:
+        for ranks in layout.sp_groups():
+            g = td.new_group(ranks, backend=backend)
+            if rank in ranks:
+                sp_group = g
+        for ranks in layout.dp_groups():
+            g = td.new_group(ranks, backend=backend)
+            if rank in ranks:
+                dp_group = g
+    return ProcessGroups(layout, rank, sp_group, dp_group)
+
+
 # ----------------------------------------------------------------------------- sharding (pure)
 
 

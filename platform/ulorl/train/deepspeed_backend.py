@@ -121,7 +121,7 @@ class DeepSpeedBackend:
         self.zero_stage = cfg.deepspeed.zero_stage
         self.export_bucket_bytes = EXPORT_BUCKET_BYTES
         self.data_parallel: Optional[DataParallel] = (
-            DataParallel(env.rank, env.world_size) if env.world_size > 1 else None
+            DataParallel(env.rank, env.world_size, cfg.sequence_parallel) if env.world_size > 1 else None
         )
         # ZeRO-3 partitions the module's parameters in place: keep a full copy for rollouts (rank 0).
         copy_for_rollout = copy.deepcopy(model) if self.zero_stage == 3 and self.is_main_process else None

@@ -124,7 +124,8 @@ def install_ulysses_attention(model: torch.nn.Module, sp_group: Any) -> Any:
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    impl = getattr(model.config, "_attn_implementation", None)  # type: ignore[union-attr]
+    config: Any = getattr(model, "module", model).config  # a DeepSpeed engine wraps the HF model
+    impl = getattr(config, "_attn_implementation", None)
     if impl not in SP_ATTENTION:
         raise SequenceParallelUnavailable(
             f"train.sequence_parallel needs model.attn_implementation in {SP_ATTENTION}, the model runs {impl!r}")
@@ -133,7 +134,7 @@ def install_ulysses_attention(model: torch.nn.Module, sp_group: Any) -> Any:
         if uattn.process_group is not sp_group:
             raise RuntimeError("Ulysses attention is already installed on another sequence-parallel group")
         return uattn
-    arch = model.config.get_text_config()  # type: ignore[union-attr,operator]
+    arch = config.get_text_config()
     core: Callable[..., Any] = ALL_ATTENTION_FUNCTIONS[impl]
     uattn = UlyssesSPAttentionHF(
         attn=core,

@@ -22,7 +22,7 @@ import torch
 from ulorl.config import TrainConfig
 from ulorl.rollout.types import Sample, SegmentSpan
 from ulorl.train.batch import build_train_batch
-from ulorl.train.distributed import parallel_layout
+from ulorl.train.distributed import parallel_layout, sp_micro_batches
 from ulorl.train.forward import IGNORE, response_labels
 from ulorl.train.sequence_parallel import (
     SequenceParallelUnavailable,
@@ -84,6 +84,27 @@ def test_shards_carry_global_positions_and_the_next_shards_first_token_as_last_l
     assert (s0.lo, s0.n_targets, s1.lo, s1.n_targets) == (0, 4, 4, 2)
     joined = torch.cat([s0.labels[:, :s0.n_targets], s1.labels[:, :s1.n_targets]], 1)
     assert torch.equal(joined, response_labels(batch).long())
+
+
+def test_sp_passes_share_long_rows_deal_short_ones_and_pad_the_world():
+    # rows 0..3: lengths 10, 60, 12, 70 (cap 32): rows 1 and 3 are over the cap
+    rows = [row([5] * 4, [6] * n) for n in (6, 56, 8, 66)]
+    for i, s in enumerate(rows):
+        s.group_id = i
+    batch = build_train_batch(rows, 0)
+    shards = [[0, 1, 2, 3]]                      # one data-parallel rank, SP = 2
+    a = sp_micro_batches(batch, shards, 0, 0, 2, 32)
+    b = sp_micro_batches(batch, shards, 0, 1, 2, 32)
+    long_a = [(mb, w) for mb, w in a if w and len(mb) == 1 and mb[0] in (1, 3)]
+    assert long_a == [([1], 1.0), ([3], 1.0)] and a[:2] == b[:2]   # both SP ranks, same order, first
+    short = [mb for mb, w in a[2:] + b[2:] if w]
+    assert sorted(r for mb in short for r in mb) == [0, 2]         # each short row trained once
+    assert len(a) == len(b)
+    # two dp ranks x SP 2: every rank of the world gets the same pass count, fillers weigh 0
+    world = [sp_micro_batches(batch, [[0, 1], [2, 3]], d, s, 2, 32) for d in (0, 1) for s in (0, 1)]
+    assert len({len(p) for p in world}) == 1
+    assert world[0] == [([1], 1.0), ([0], 1.0)] and world[2] == [([3], 1.0), ([2], 1.0)]
+    assert world[1] == [([1], 1.0), ([0], 0.0)] and world[3] == [([3], 1.0), ([0], 0.0)]  # filler: shortest row
 
 
 # ----------------------------------------------------------------------------- the 2-rank run

@@ -249,7 +249,10 @@ class TrainConfig(_Section):
     logprob_chunk_tokens: Optional[int] = Field(
         None, ge=1, description="tokens per lm_head chunk; default: float32 [chunk x vocab] of <= 2**25 elements"
     )
-    sequence_parallel: int = Field(1, ge=1, description="sequence-parallel degree for rows longer than one device")
+    sequence_parallel: int = Field(
+        1, ge=1, description="sequence-parallel degree: rows over micro_batch_tokens are split along the sequence over "
+        "this many ranks (DeepSpeed Ulysses; backend deepspeed, WORLD_SIZE a multiple of it)"
+    )
 
 
 class TrackingConfig(_Section):

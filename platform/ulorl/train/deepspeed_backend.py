@@ -188,7 +188,7 @@ class DeepSpeedBackend:
         self.zero_stage = cfg.deepspeed.zero_stage
         self.export_bucket_bytes = EXPORT_BUCKET_BYTES
         self.data_parallel: Optional[DataParallel] = (
-            DataParallel(env.rank, env.world_size) if env.world_size > 1 else None
+            DataParallel(env.rank, env.world_size, cfg.sequence_parallel) if env.world_size > 1 else None
         )
         self.rollout_copy = bool(rollout_copy) and self.zero_stage == 3
         partitioned = is_partitioned(model)

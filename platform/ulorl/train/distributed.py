@@ -24,6 +24,12 @@ Design (one driver, N-1 workers):
   response positions only (Float32[2, response tokens], not the padded [2, B, L-1]), so masks,
   advantages and the logged metrics are computed from the full batch on every rank (exactly what a
   single process computes, up to float summation order).
+* Sequence parallelism (``train.sequence_parallel`` = sp > 1): the world is dp x sp ranks
+  (``ParallelLayout``: SP groups are blocks of sp consecutive ranks). Groups are sharded over the dp
+  data-parallel ranks; the sp ranks of one SP group share those rows: a row over
+  ``train.micro_batch_tokens`` is trained by all of them at once, split along the sequence
+  (``ulorl.train.sequence_parallel``), shorter micro-batches are dealt round robin among them
+  (``sp_micro_batches``). Gradients still sum over every rank (each rank's loss is its part of Eq. 10).
 * ``traffic`` counts the bytes each kind of control message put on the wire from this rank.
 
 The worker-rank entry point lives in ``ulorl.train.worker``; this module imports nothing above the
@@ -48,8 +54,9 @@ import torch.distributed as td
 from ulorl.config import ExperimentConfig
 from ulorl.rollout.types import Sample
 from ulorl.train.batch import TrainBatch, micro_batches, scatter_rows
+from ulorl.train.sequence_parallel import sharded_token_stats
 from ulorl.train.transport import empty_packed, pack_samples, unpack_samples
-from ulorl.train.update import current_token_stats
+from ulorl.train.update import autocast_ctx, current_token_stats
 
 log = logging.getLogger("ulorl.train.distributed")
 
@@ -130,6 +137,87 @@ def ensure_process_group(device_type: str) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device_type == "cuda" else "gloo")
 
 
+# ----------------------------------------------------------------------------- process-group layout (pure)
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """world = dp x sp ranks: sequence-parallel groups are blocks of ``sp`` consecutive ranks.
+
+    Rank r sits in sequence-parallel group ``r // sp`` (the data-parallel rank: every member of one
+    SP group holds shards of the same rows) at SP rank ``r % sp``; the data-parallel group of r is
+    the ranks with the same SP rank. Consecutive blocks keep the SP all-to-alls inside one node
+    whenever ``sp`` divides the GPUs per node (DeepSpeed's ``parallel_state_sp`` uses the same blocks).
+    """
+
+    world_size: int
+    sp: int
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // self.sp
+
+    def dp_rank(self, rank: int) -> int:
+        return rank // self.sp
+
+    def sp_rank(self, rank: int) -> int:
+        return rank % self.sp
+
+    def sp_groups(self) -> list[list[int]]:
+        return [list(range(i * self.sp, (i + 1) * self.sp)) for i in range(self.dp)]
+
+    def dp_groups(self) -> list[list[int]]:
+        return [list(range(j, self.world_size, self.sp)) for j in range(self.sp)]
+
+
+def parallel_layout(world_size: int, sequence_parallel: int) -> ParallelLayout:
+    """The dp x sp layout; ``ValueError`` naming ``train.sequence_parallel`` when it does not divide the world."""
+    if sequence_parallel < 1:
+        raise ValueError(f"train.sequence_parallel must be >= 1, got {sequence_parallel}")
+    if world_size < 1 or world_size % sequence_parallel:
+        raise ValueError(
+            f"train.sequence_parallel={sequence_parallel} does not divide the {world_size} trainer processes "
+            "(WORLD_SIZE): the world is data-parallel x sequence-parallel ranks"
+        )
+    return ParallelLayout(world_size, sequence_parallel)
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """This rank's groups of a ``ParallelLayout`` (``None`` groups for a degree of 1)."""
+
+    layout: ParallelLayout
+    rank: int
+    sp_group: Any
+    dp_group: Any
+
+    @property
+    def sp_rank(self) -> int:
+        return self.layout.sp_rank(self.rank)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.layout.dp_rank(self.rank)
+
+
+def make_process_groups(layout: ParallelLayout, rank: int, backend: str | None = None) -> ProcessGroups:
+    """Create every SP and DP group (all ranks must call this, in the same order) and keep this rank's.
+
+    ``backend``: None = the default process group's (gloo on CPU, nccl on CUDA).
+    """
+    sp_group = dp_group = None
+    if layout.sp > 1:
+        for ranks in layout.sp_groups():
+            g = td.new_group(ranks, backend=backend)
+            if rank in ranks:
+                sp_group = g
+        for ranks in layout.dp_groups():
+            g = td.new_group(ranks, backend=backend)
+            if rank in ranks:
+                dp_group = g
+    return ProcessGroups(layout, rank, sp_group, dp_group)
+
+
 # ----------------------------------------------------------------------------- sharding (pure)
 
 
@@ -178,6 +266,34 @@ def padded_micro_batches(
     return mine + [(filler, 0.0)] * (n - len(mine))
 
 
+def sp_micro_batches(
+    batch: TrainBatch, rows_per_dp_rank: list[list[int]], dp_rank: int, sp_rank: int, sp: int, token_budget: int
+) -> list[tuple[list[int], float]]:
+    """``padded_micro_batches`` for a dp x sp world: the passes of rank (``dp_rank``, ``sp_rank``).
+
+    The rows of a data-parallel shard are shared by its ``sp`` ranks: every row over ``token_budget``
+    is one pass that all of them take together, sequence-sharded (first, in the same order on every
+    member, so the Ulysses all-to-alls line up); the micro-batches under the cap are dealt round
+    robin over the members (each trained whole by one of them). Weight-0 passes over the batch's
+    shortest row (never sequence-sharded) pad every rank of the world to the same pass count.
+    """
+    lengths = row_costs(batch)
+    counts: list[int] = []
+    mine: list[list[int]] = []
+    for d, rows in enumerate(rows_per_dp_rank):
+        mbs = [[rows[i] for i in mb] for mb in micro_batches(batch.rows(rows), token_budget)] if rows else []
+        long = [mb for mb in mbs if len(mb) == 1 and lengths[mb[0]] > token_budget]
+        short = [mb for mb in mbs if not (len(mb) == 1 and lengths[mb[0]] > token_budget)]
+        for s in range(sp):
+            passes = long + short[s::sp]
+            counts.append(len(passes))
+            if (d, s) == (dp_rank, sp_rank):
+                mine = passes
+    n = max(1, max(counts))
+    filler = [min(range(len(lengths)), key=lambda i: (lengths[i], i))]
+    return [(mb, 1.0) for mb in mine] + [(filler, 0.0)] * (n - len(mine))
+
+
 def row_costs(batch: TrainBatch) -> list[int]:
     return [p + r for p, r in zip(batch.prompt_lens, batch.response_lens)]
 
@@ -198,10 +314,13 @@ class DataParallel:
     input tensor.
     """
 
-    def __init__(self, rank: int, world_size: int) -> None:
+    def __init__(self, rank: int, world_size: int, sequence_parallel: int = 1) -> None:
         self.rank = rank
         self.world_size = world_size
+        self.layout = parallel_layout(world_size, sequence_parallel)
         self.group = td.new_group(backend="gloo", timeout=control_timeout())
+        # SP groups on the training backend (nccl on CUDA: the Ulysses all-to-alls move activations)
+        self.groups = make_process_groups(self.layout, rank)
         self.traffic: dict[str, int] = {"command": 0, "samples": 0, "stats": 0, "scalars": 0}
 
     @property
@@ -257,12 +376,34 @@ class DataParallel:
         self.send("update")
         self.send_samples(samples)
 
+    @property
+    def sp(self) -> int:
+        return self.layout.sp
+
     def shard(self, batch: TrainBatch) -> list[list[int]]:
-        return shard_groups(batch.group_ids.tolist(), row_costs(batch), self.world_size)
+        """Rows of each data-parallel rank (whole groups; the ranks of one SP group share them)."""
+        return shard_groups(batch.group_ids.tolist(), row_costs(batch), self.layout.dp)
 
     def micro_batches(self, batch: TrainBatch, token_budget: int) -> list[tuple[list[int], float]]:
-        """(rows, weight) passes of this rank over ``batch`` (see ``padded_micro_batches``)."""
-        return padded_micro_batches(batch, self.shard(batch), self.rank, token_budget)
+        """(rows, weight) passes of this rank over ``batch`` (``padded_micro_batches``; with SP,
+        ``sp_micro_batches``: rows over the cap are passes of the whole SP group, see ``sharded``)."""
+        if self.sp == 1:
+            return padded_micro_batches(batch, self.shard(batch), self.rank, token_budget)
+        return sp_micro_batches(batch, self.shard(batch), self.groups.dp_rank, self.groups.sp_rank, self.sp,
+                                token_budget)
+
+    def sharded(self, sub: TrainBatch, weight: float, token_budget: int) -> bool:
+        """True when the pass over ``sub`` is sequence-sharded over this rank's SP group."""
+        return self.sp > 1 and weight != 0.0 and sub.input_ids.shape[0] == 1 and row_costs(sub)[0] > token_budget
+
+    def sharded_stats(
+        self, model: torch.nn.Module, sub: TrainBatch, temperature: float, device: torch.device,
+        chunk_tokens: int | None = None, with_entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """This rank's shard of the one row of ``sub``: (log-probs, entropy) Float[1, n] at target positions
+        ``lo .. lo + n - 1``, and ``lo`` (``ulorl.train.sequence_parallel.sharded_token_stats``)."""
+        return sharded_token_stats(model, sub, temperature, device, self.groups.sp_group, self.groups.sp_rank,
+                                   self.sp, chunk_tokens=chunk_tokens, with_entropy=with_entropy)
 
     @torch.no_grad()
     def token_stats(
@@ -277,12 +418,21 @@ class DataParallel:
         """Sharded ``current_token_stats``: (log-probs, entropy), each Float[B, L-1] on cpu, full batch.
 
         Only response positions carry values (``current_token_stats`` zeroes the rest), so only they
-        are all-reduced: Float32[2, batch.num_response_tokens].
+        are all-reduced: Float32[2, batch.num_response_tokens] (rows, and under SP positions, are disjoint
+        across ranks).
         """
         lp = torch.zeros(batch.targets.shape, dtype=torch.float32)
         ent = torch.zeros(batch.targets.shape, dtype=torch.float32)
         for rows, weight in self.micro_batches(batch, token_budget):
-            sub_lp, sub_ent = current_token_stats(model, batch.rows(rows), temperature, token_budget, device, bf16)
+            sub = batch.rows(rows)
+            if self.sharded(sub, weight, token_budget):  # this rank's positions of the row only
+                with autocast_ctx(bf16, device):
+                    part_lp, part_ent, lo = self.sharded_stats(model, sub, temperature, device)
+                n = part_lp.shape[1]
+                lp[rows[0], lo:lo + n] = part_lp[0].float().cpu()
+                ent[rows[0], lo:lo + n] = part_ent[0].float().cpu()
+                continue
+            sub_lp, sub_ent = current_token_stats(model, sub, temperature, token_budget, device, bf16)
             if weight:
                 scatter_rows(lp, rows, sub_lp)
                 scatter_rows(ent, rows, sub_ent)

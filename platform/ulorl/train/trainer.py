@@ -41,7 +41,7 @@ from ulorl.train.backend import TorchBackend, TrainBackend
 from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.cohorts import CohortRewards
 from ulorl.train.deepspeed_backend import DeepSpeedBackend, is_partitioned
-from ulorl.train.distributed import launch_role
+from ulorl.train.distributed import dist_env, launch_role
 from ulorl.train.fill import merge_round_metrics
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
@@ -240,7 +240,7 @@ class Trainer:
         self._t_start = time.perf_counter() - self.wall_s
 
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
-        check_sequence_parallel(self.cfg.train)
+        check_sequence_parallel(self.cfg.train, dist_env().world_size)
         if self.cfg.train.backend == "deepspeed":
             return DeepSpeedBackend(model, self.cfg.train, rollout_copy=rollout_copy_needed(self.cfg))
         return TorchBackend(model, self.cfg.train)

@@ -31,6 +31,7 @@ from ulorl.rollout.types import Sample
 from ulorl.train.backend import TrainBackend
 from ulorl.train.batch import TrainBatch, build_train_batch, micro_batches, rows_over_cap, scatter_rows
 from ulorl.train.forward import forward_logits, token_stats
+from ulorl.train.sequence_parallel import check_sp_loss_agg
 
 log = logging.getLogger(__name__)
 #: backends (one per run) that already warned about rows over the micro-batch token cap
@@ -134,6 +135,8 @@ def policy_update(
     if not kept:
         return UpdateResult(False, metrics, reason="dynamic sampling kept no group (all-equal rewards)")
 
+    if dp is not None:
+        check_sp_loss_agg(algo.loss_agg, dp.sp)
     if algo.is_mode == "sais":
         check_sais_logprobs(kept)
     model = backend.model
@@ -146,7 +149,7 @@ def policy_update(
     adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps, unbiased=algo.adv_std == "unbiased")
     over = rows_over_cap(batch, train.micro_batch_tokens)
     metrics["train/rows_over_cap"] = float(len(over))
-    if over and backend not in _WARNED_OVER_CAP:
+    if over and (dp is None or dp.sp == 1) and backend not in _WARNED_OVER_CAP:  # with SP they are sharded
         _WARNED_OVER_CAP.add(backend)
         log.warning("a row of %d tokens exceeds train.micro_batch_tokens=%d: trained alone in one micro-batch "
                     "over the cap (counted in train/rows_over_cap; warned once per run)", max(over),
@@ -197,16 +200,23 @@ def policy_update(
         for rows, weight in plan:
             sub = mb.rows(rows)
             idx = mb_idx[torch.tensor(rows, dtype=torch.long)]
-            width = sub.targets.shape[1]
+            lo, width = 0, sub.targets.shape[1]
             with autocast_ctx(train.bf16, device):
-                lp, _ = token_stats(model, sub, temperature, device, train.logprob_path, train.logprob_chunk_tokens,
-                                    with_entropy=False)
+                if dp is not None and dp.sharded(sub, weight, train.micro_batch_tokens):
+                    # a row over the cap, split along the sequence over the SP group: this rank's positions
+                    lp, _, lo = dp.sharded_stats(model, sub, temperature, device, train.logprob_chunk_tokens,
+                                                 with_entropy=False)
+                    width = lp.shape[1]
+                else:
+                    lp, _ = token_stats(model, sub, temperature, device, train.logprob_path,
+                                        train.logprob_chunk_tokens, with_entropy=False)
+            part = slice(lo, lo + width)
             loss, m = policy_loss(
                 lp,
-                old_lp[idx, :width].to(device),
+                old_lp[idx, part].to(device),
                 adv[idx].to(device),
-                sub.response_mask.to(device),
-                loss_mask=loss_mask[idx, :width].to(device),
+                sub.response_mask[:, part].to(device),
+                loss_mask=loss_mask[idx, part].to(device),
                 eps_low=algo.eps_low,
                 eps_high=algo.eps_high,
                 num_tokens=mb_tokens,
@@ -220,7 +230,7 @@ def policy_update(
             backend.backward(loss if weight == 1.0 else loss * weight)
             if weight:
                 pg_loss_total += float(loss.detach())
-                _weighted(acc, m, sub.num_response_tokens / n_tokens)
+                _weighted(acc, m, float(sub.response_mask[:, part].sum()) / n_tokens)
         if refused:
             break
         norm = backend.step()  # backends skip the optimizer step when the norm is not finite

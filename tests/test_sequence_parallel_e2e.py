@@ -1,0 +1,144 @@
+"""``policy_update`` with ``train.sequence_parallel: 2`` on 2 gloo ranks (DeepSpeed ZeRO-2) == one torch process.
+
+The script part runs under ``torch.distributed.run``: rank 0 drives ``policy_update`` on released
+groups whose longer rows exceed ``train.micro_batch_tokens`` (so they are split along the sequence
+over the SP group of both ranks, through DeepSpeed's Ulysses attention), rank 1 follows in
+``worker_loop``. The reference is ``TorchBackend`` in this pytest process on the same samples.
+Tolerances as in ``test_deepspeed_backend.py`` (AdamW lr 1e-4, fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 2
+CAP = 48           # train.micro_batch_tokens: rows of 49+ tokens go to sequence parallelism
+PARAM_ATOL = 1e-5
+
+
+def experiment(model_dir: Path, **train: object):
+    from ulorl.config import config_from_dict
+
+    t = {"lr": 1e-4, "grad_clip": 1.0, "micro_batch_tokens": CAP, "updates_per_step": 2, "threads": 1,
+         "backend": "deepspeed", "deepspeed": {"zero_stage": 2}, "sequence_parallel": 2}
+    t.update(train)
+    return config_from_dict({
+        "model": {"name_or_path": str(model_dir)},
+        "rollout": {"temperature": 0.85},
+        "algo": {"is_mode": "pois", "mpt": {"mode": "dynamic", "tau": 0.99, "sigma": 0.2}},
+        "train": t,
+    })
+
+
+def samples(vocab: int, groups: int = 4, group_size: int = 4) -> list:
+    from ulorl.rollout.types import Sample, SampleStatus, SegmentSpan
+
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for gid in range(groups):
+        prompt = torch.randint(3, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
+        rewards = [1.0, 0.0] + [float(torch.randint(0, 2, (1,), generator=g)) for _ in range(group_size - 2)]
+        for k in range(group_size):
+            t = int(torch.randint(2, 40 + 15 * gid, (1,), generator=g))
+            resp = torch.randint(3, vocab, (t,), generator=g).tolist()
+            out.append(Sample(sample_id=gid * group_size + k, group_id=gid, prompt_ids=prompt, response_ids=resp,
+                              sampling_logprobs=[-1.0] * t, segments=[SegmentSpan(0, t, 0)],
+                              status=SampleStatus.FINISHED, reward=rewards[k]))
+    return out
+
+
+def build_model_dir(out: Path) -> Path:
+    from ulorl.models.tiny import build_tiny_model
+    from ulorl.models.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    build_tiny_model(tok, seed=0).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _params(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().clone() for k, v in sd.items()}
+
+
+def _script(argv: list[str]) -> None:
+    from ulorl.models.loading import load_policy
+    from ulorl.train import sequence_parallel
+    from ulorl.train.deepspeed_backend import DeepSpeedBackend
+    from ulorl.train.update import policy_update
+    from ulorl.train.worker import worker_loop
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--stage", type=int, default=2, help="ZeRO stage")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    cfg = experiment(a.model, deepspeed={"zero_stage": a.stage})
+    model, tok = load_policy(str(a.model))
+    backend = DeepSpeedBackend(model, cfg.train)
+    device = torch.device("cpu")
+    if int(os.environ["RANK"]) != 0:
+        worker_loop(backend, cfg, tok.pad_token_id, device)
+        return
+    data = samples(model.config.vocab_size)
+    metrics = []
+    for _ in range(STEPS):
+        res = policy_update(copy.deepcopy(data), backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id, device)
+        assert res.updated, res.reason
+        metrics.append(res.metrics)
+    torch.save(_params(backend.state_dict_for_rollout()), a.out / "sp.pt")
+    used = sorted(sequence_parallel._INSTALLED)
+    backend.close()
+    (a.out / "result.json").write_text(json.dumps({"metrics": metrics, "ulysses_installed": used}))
+
+
+@pytest.mark.slow
+def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path):
+    from ulorl.models.loading import load_policy
+    from ulorl.train.backend import TorchBackend
+    from ulorl.train.update import policy_update
+
+    model_dir = build_model_dir(tmp_path / "model")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(Path(__file__).resolve()), "--model", str(model_dir), "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["ulysses_installed"] == ["sdpa"]
+
+    cfg = experiment(model_dir, backend="torch", sequence_parallel=1)
+    model, tok = load_policy(str(model_dir))
+    backend = TorchBackend(model, cfg.train)
+    ref = []
+    data = samples(model.config.vocab_size)
+    for _ in range(STEPS):
+        r = policy_update(copy.deepcopy(data), backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id,
+                          torch.device("cpu"))
+        assert r.updated, r.reason
+        ref.append(r.metrics)
+    got = torch.load(tmp_path / "sp.pt")
+    want = _params(model.state_dict())
+    assert got.keys() == want.keys()
+    diff = max(float((got[k] - want[k]).abs().max()) for k in want)
+    moved = max(float((want[k] - v).abs().max()) for k, v in _params(load_policy(str(model_dir))[0].state_dict()).items())
+    assert moved > 1e-4 and diff <= PARAM_ATOL, (diff, moved)
+    for m_sp, m_ref in zip(res["metrics"], ref):
+        assert m_sp["train/rows_over_cap"] == m_ref["train/rows_over_cap"] > 0
+        for key in ("train/grad_norm", "train/pg_loss", "train/entropy", "train/tokens", "train/masked_frac"):
+            assert m_sp[key] == pytest.approx(m_ref[key], rel=1e-4, abs=1e-6), key
+
+
+if __name__ == "__main__":
+    _script(sys.argv[1:])

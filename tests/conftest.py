@@ -11,6 +11,8 @@ import pytest
 #: slow test files, shortest first (approximate seconds on the 2-core CI machine)
 SLOW_ORDER = [
     "test_deepspeed_e2e.py",        # ~20 s
+    "test_zero3_load.py",           # ~30 s, 2 ranks
+    "test_sequence_parallel_e2e.py",  # ~40 s, 2 ranks
     "test_memory_bench.py",         # ~80 s
     "test_deepspeed_backend.py",    # ZeRO-3 2-rank measurements
     "test_placement_ray.py",

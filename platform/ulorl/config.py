@@ -303,7 +303,7 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "ExperimentConfig":
+    def _cross_checks(self) -> ExperimentConfig:
         r = self.rollout
         if r.max_response_len % r.segments != 0:
             raise ValueError(

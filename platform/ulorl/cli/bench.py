@@ -28,7 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 from ulorl.reward.verifier_bench import add_parser as add_verifier_parser
 from ulorl.reward.verifier_bench import run_cli as run_verifier_cli

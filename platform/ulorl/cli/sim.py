@@ -13,8 +13,9 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from ulorl.report import sim_studies as studies
 from ulorl.report import simulator as sim

@@ -8,15 +8,15 @@ Input frames come from :mod:`ulorl.dashboard.store`: ``runs`` (one row per run, 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
-from ulorl.tracking import schema
-
 from ulorl.dashboard.store import BEST_METRICS, PARAM_LABELS, unique_labels
 from ulorl.sweep.ranking import common_scores, paired_bootstrap
+from ulorl.tracking import schema
 
 _EVAL_KEY = re.compile(r"^metrics\.eval/([^/]+)/avg_at_k$")
 

@@ -8,7 +8,8 @@ masking are struck through in a red outline. Token text is HTML-escaped.
 from __future__ import annotations
 
 import html
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 import pandas as pd
 

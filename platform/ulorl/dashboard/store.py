@@ -10,8 +10,9 @@ import json
 import re
 import tempfile
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional
 
 import pandas as pd
 from mlflow import MlflowClient

@@ -27,8 +27,8 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterator, Sequence
 
 from ulorl.data.task import Split, canonical, is_correct, last_boxed_int, make_prompt, split_seed  # noqa: F401  (re-exported: same checks and prompt)
 from ulorl.data.types import PromptItem

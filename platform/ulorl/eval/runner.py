@@ -16,8 +16,9 @@ import csv
 import io
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol
 
 import numpy as np
 

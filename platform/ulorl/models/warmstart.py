@@ -27,13 +27,20 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-from ulorl.data.profiles import TaskProfile, get_profile
+from ulorl.data.profiles import get_profile
 from ulorl.data.task import (
-    DEFAULT_SPEC, LENGTH_EDGES, TaskSpec, bucket_labels, is_correct, length_bucket, make_split, reference_solution,
+    DEFAULT_SPEC,
+    LENGTH_EDGES,
+    TaskSpec,
+    bucket_labels,
+    is_correct,
+    length_bucket,
+    reference_solution,
 )
 from ulorl.data.task_choice import CHOICE_SPEC, ChoiceSpec
 from ulorl.data.types import PromptItem

@@ -25,8 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -116,11 +117,11 @@ def entropy_effect(model: torch.nn.Module, batch: TrainBatch, temperature: float
 
 def _batches(cfg, model, tokenizer, n_batches: int, progress: bool):
     """Yield ``TrainBatch``es of finished groups with mixed rewards (S = 1 rollouts)."""
+    from ulorl.algo import dynamic_sampling_filter
     from ulorl.reward import RewardScorer
     from ulorl.rollout.engines import make_engine
     from ulorl.rollout.scheduler import SegmentScheduler
     from ulorl.rollout.types import SamplingParams
-    from ulorl.algo import dynamic_sampling_filter
     from ulorl.train.batch import build_train_batch
     from ulorl.train.prompts import PromptStream, load_items
 

@@ -38,13 +38,13 @@ Everything here is numpy and pure (no I/O except ``load_lengths``). The studies 
 from __future__ import annotations
 
 import abc
-
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Iterable, Literal, Optional, Sequence
+from typing import Any, Literal, Optional
 
 import numpy as np
 
@@ -107,7 +107,7 @@ class CostModel:
         """Cost of one decode iteration with ``rows`` active rows of ``context`` tokens each."""
         return self.a + self.b * rows + self.c * rows * context
 
-    def scaled_decode(self, k: float) -> "CostModel":
+    def scaled_decode(self, k: float) -> CostModel:
         return replace(self, a=self.a * k, b=self.b * k, c=self.c * k)
 
     def decode_vector(self) -> np.ndarray:
@@ -115,7 +115,7 @@ class CostModel:
         return np.array([self.a, self.b, self.c, 0.0, 0.0, 0.0, self.bk])
 
     @classmethod
-    def flat(cls, ms_per_iter: float, **kw: float) -> "CostModel":
+    def flat(cls, ms_per_iter: float, **kw: float) -> CostModel:
         """GPU-like regime: an iteration costs the same for 3 rows as for 128."""
         return cls(a=ms_per_iter, **kw)
 
@@ -166,7 +166,7 @@ class LogNormalLengths(LengthDist):
         return np.maximum(1, np.rint(np.exp(self.mu + self.sigma * z))).astype(np.int64)
 
     @classmethod
-    def with_quantile(cls, x: float, q: float, sigma: float, rho: float = 0.0) -> "LogNormalLengths":
+    def with_quantile(cls, x: float, q: float, sigma: float, rho: float = 0.0) -> LogNormalLengths:
         """The lognormal of spread ``sigma`` with P(L <= x) = q."""
         return cls(mu=math.log(x) - sigma * _norm_ppf(q), sigma=sigma, rho=rho)
 

@@ -68,7 +68,7 @@ class RunStore:
         self._hist: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
 
     @classmethod
-    def open(cls, uri: str, experiment: Optional[str] = None) -> "RunStore":
+    def open(cls, uri: str, experiment: Optional[str] = None) -> RunStore:
         client = MlflowClient(tracking_uri=uri)
         exps = client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
         if experiment is not None:

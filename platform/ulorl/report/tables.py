@@ -14,9 +14,10 @@ import csv
 import io
 import re
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 from ulorl.report import paper
 from ulorl.report.store import RunInfo, RunStore

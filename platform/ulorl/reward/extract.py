@@ -90,7 +90,7 @@ _MAX_LONE_CHARS = 40
 _MAX_STATEMENT_CHARS = 200
 
 
-def _box_at(text: str, m: "re.Match[str]", limit: Optional[int] = None) -> tuple[int, Optional[str]]:
+def _box_at(text: str, m: re.Match[str], limit: Optional[int] = None) -> tuple[int, Optional[str]]:
     """(end, content) of the box command matched by ``m``; content None when it does not close
     (before ``limit``)."""
     rest = text[m.end():limit]

@@ -172,7 +172,7 @@ class RewardScorer:
         self._closed = False
 
     @classmethod
-    def from_config(cls, cfg: Any, judge: Optional[Judge] = None) -> "RewardScorer":
+    def from_config(cls, cfg: Any, judge: Optional[Judge] = None) -> RewardScorer:
         """Build from a ``ulorl.config.RewardConfig`` (``timeout_s``, ``num_workers``, ``extraction``)."""
         return cls(timeout_s=cfg.timeout_s, num_workers=cfg.num_workers, judge=judge,
                    extraction=getattr(cfg, "extraction", "boxed"))
@@ -274,7 +274,7 @@ class RewardScorer:
                 self._stop(w, graceful=w.state == "idle")
             self._workers = []
 
-    def __enter__(self) -> "RewardScorer":
+    def __enter__(self) -> RewardScorer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -35,8 +35,9 @@ import os
 import platform as _platform
 import statistics
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 from ulorl.rollout.prefix import adjacent_lcps
 from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler

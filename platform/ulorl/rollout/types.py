@@ -79,7 +79,7 @@ class Sample:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Sample":
+    def from_dict(cls, d: dict[str, Any]) -> Sample:
         d = dict(d)
         d["status"] = SampleStatus(d["status"])
         d["segments"] = [SegmentSpan(**s) for s in d["segments"]]

@@ -45,8 +45,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 STAGES: tuple[str, ...] = ("env", "model", "hf_engine", "zero2", "zero3", "long_rows", "vllm", "vllm_moe",
                            "trainer", "ray")

@@ -35,9 +35,10 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from ulorl.config import ExperimentConfig
@@ -70,7 +71,7 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
     return b
 
 
-def placement_bundles(cfg: "ExperimentConfig") -> list[dict[str, float]]:
+def placement_bundles(cfg: ExperimentConfig) -> list[dict[str, float]]:
     """Trainer-worker bundles then engine bundles, from ``cfg.resources``."""
     r = cfg.resources
     return [_bundle(r.cpus_per_trainer_worker, r.gpus_per_trainer_worker)] * r.trainer_workers + [
@@ -78,11 +79,11 @@ def placement_bundles(cfg: "ExperimentConfig") -> list[dict[str, float]]:
     ] * r.rollout_engines
 
 
-def placement_strategy(cfg: "ExperimentConfig") -> str:
+def placement_strategy(cfg: ExperimentConfig) -> str:
     return "STRICT_PACK" if cfg.resources.nodes == 1 else "PACK"
 
 
-def tune_resources(cfg: "ExperimentConfig", trial_cpus: float = 0.01) -> Any:
+def tune_resources(cfg: ExperimentConfig, trial_cpus: float = 0.01) -> Any:
     """``tune.PlacementGroupFactory`` for a trial that calls ``run_placement``: the trial's own small
     bundle first, then ``placement_bundles(cfg)``."""
     from ray.tune import PlacementGroupFactory
@@ -106,13 +107,13 @@ def check_fits(bundles: list[dict[str, float]], strategy: str, cluster: dict[str
     return None
 
 
-def bundle_roles(cfg: "ExperimentConfig") -> list[str]:
+def bundle_roles(cfg: ExperimentConfig) -> list[str]:
     """``trainer.<i>`` then ``engine.<j>``: the role of each of ``placement_bundles(cfg)``."""
     r = cfg.resources
     return [f"trainer.{i}" for i in range(r.trainer_workers)] + [f"engine.{j}" for j in range(r.rollout_engines)]
 
 
-def node_shape(cfg: "ExperimentConfig") -> dict[str, float]:
+def node_shape(cfg: ExperimentConfig) -> dict[str, float]:
     """The declared per-node resources (``gpus_per_node`` / ``cpus_per_node``; empty when undeclared)."""
     r = cfg.resources
     shape = {}
@@ -127,7 +128,7 @@ def _fits(bundle: dict[str, float], free: dict[str, float]) -> bool:
     return all(bundle.get(k, 0.0) <= free.get(k, 0.0) + 1e-9 for k in bundle if k in free)
 
 
-def node_layout(cfg: "ExperimentConfig") -> dict[str, Any]:
+def node_layout(cfg: ExperimentConfig) -> dict[str, Any]:
     """Where the bundles go on ``resources.nodes`` nodes of the declared shape (pure, for ``--dry-run``).
 
     Bundles are taken in order (trainer workers, then engines) and each goes to the first node with
@@ -200,7 +201,7 @@ def check_nodes_hold(bundles: list[dict[str, float]], roles: list[str], strategy
     return None
 
 
-def validate_layout(cfg: "ExperimentConfig") -> None:
+def validate_layout(cfg: ExperimentConfig) -> None:
     r = cfg.resources
     if r.trainer_workers > 1 and cfg.train.backend != "deepspeed":
         raise PlacementError(
@@ -341,7 +342,7 @@ class TrainerActor:
 # ----------------------------------------------------------------------------- MLflow params
 
 
-def placement_params(cfg: "ExperimentConfig", address: str, strategy: str, bundles: list[dict[str, float]],
+def placement_params(cfg: ExperimentConfig, address: str, strategy: str, bundles: list[dict[str, float]],
                      trainer_info: list[dict[str, Any]], engine_info: list[dict[str, Any]],
                      cluster: dict[str, float]) -> dict[str, str]:
     """The ``placement.*`` params of a run (strings, as MLflow stores them)."""
@@ -415,7 +416,7 @@ def _current_trial_pg(n_bundles: int) -> Any:
 
 
 def run_placement(
-    cfg: "ExperimentConfig",
+    cfg: ExperimentConfig,
     *,
     address: Optional[str] = None,
     run_dir: Optional[str | Path] = None,
@@ -544,7 +545,7 @@ def run_placement(
             ray.shutdown()
 
 
-def run_with_placement(cfg: "ExperimentConfig", args: Any) -> int:
+def run_with_placement(cfg: ExperimentConfig, args: Any) -> int:
     """``ulorl-train EXP.yaml --ray [--address ADDR]``: exit status 0, 2 (bad input/placement), 130."""
     from ulorl.config import ConfigError
 

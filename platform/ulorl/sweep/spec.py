@@ -53,7 +53,7 @@ class Dim(_S):
     randint: Optional[tuple[int, int]] = Field(None, description="integers in [low, high] inclusive")
 
     @model_validator(mode="after")
-    def _one(self) -> "Dim":
+    def _one(self) -> Dim:
         set_ = [k for k in ("choice", "grid", "uniform", "loguniform", "randint") if getattr(self, k) is not None]
         if len(set_) != 1:
             raise ValueError(f"give exactly one of choice / grid / uniform / loguniform / randint, got {set_ or 'none'}")
@@ -140,7 +140,7 @@ class SweepSpec(_S):
     baseline: Optional[Baseline] = Field(None, description="extra trial(s) every search trial is compared with")
 
     @model_validator(mode="after")
-    def _checks(self) -> "SweepSpec":
+    def _checks(self) -> SweepSpec:
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
         modes = self.mode if isinstance(self.mode, list) else [self.mode]
         if len(metrics) != len(modes):

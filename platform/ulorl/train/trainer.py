@@ -17,9 +17,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -33,18 +34,17 @@ from ulorl.rollout.pools import has_mixed_rewards
 from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler
 from ulorl.rollout.types import Sample, SamplingParams
 from ulorl.rollout.weight_sync import push_weights
-from ulorl.tracking import resolve_tracking_uri
+from ulorl.tracking import resolve_tracking_uri, schema
 from ulorl.tracking.run import RunTracker
-from ulorl.tracking import schema
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
-from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.cohorts import CohortRewards
 from ulorl.train.deepspeed_backend import DeepSpeedBackend
 from ulorl.train.distributed import launch_role
 from ulorl.train.fill import merge_round_metrics
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
+from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
 from ulorl.train.worker import load_model, pad_token_id, run_worker_rank, seed_everything, set_threads
 

@@ -41,8 +41,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Protocol, Sequence
+from typing import Any, Literal, Optional, Protocol
 
 import torch
 

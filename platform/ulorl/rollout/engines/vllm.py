@@ -65,8 +65,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
@@ -261,7 +262,7 @@ class NativeWeightTransfer:
     on the sender for the round: a per-parameter gathering source is the next step.
     """
 
-    def __init__(self, engine: "VLLMEngine", backend: str) -> None:
+    def __init__(self, engine: VLLMEngine, backend: str) -> None:
         from vllm.distributed.weight_transfer.base import WeightSource
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
@@ -619,7 +620,7 @@ class VLLMEngine:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
 
-    def __enter__(self) -> "VLLMEngine":
+    def __enter__(self) -> VLLMEngine:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -628,7 +629,7 @@ class VLLMEngine:
     @classmethod
     def from_config(cls, rollout_cfg: Any, model: Any, tokenizer: Any = None, *, max_prompt_len: int = 512,
                     dtype: Optional[str] = None, tensor_parallel_size: Optional[int] = None,
-                    **kwargs: Any) -> "VLLMEngine":
+                    **kwargs: Any) -> VLLMEngine:
         """Engine for a ``RolloutConfig`` (what ``make_engine`` calls for ``engine: vllm``).
 
         ``max_model_len`` = ``rollout_cfg.engine_max_model_len`` if set, else ``max_prompt_len`` +

@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'fill':>5} {'s/step':>8} {'skipped':>8} {'rounds':>7} {'cohort':>8} {'cohort d':>9} {'held-out':>9}")
     for fill in (False, True):
         sel = [r for r in rows if r["fill"] == fill]
-        def avg(k: str) -> float:
+
+        def avg(k: str, sel: list[dict[str, Any]] = sel) -> float:
             return statistics.fmean(r[k] for r in sel)
         print(f"{str(fill):>5} {avg('step_s_mean'):8.2f} {avg('skipped_frac'):8.3f} {avg('fill_rounds_mean'):7.2f} "
               f"{avg('cohort_reward_mean'):8.3f} {avg('cohort_last_minus_first_20pct'):+9.3f} "

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Protocol, runtime_checkable
 
 
-class SampleStatus(str, enum.Enum):
+class SampleStatus(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() / format() of a member
     DECODING = "decoding"        # in the unfinished pool, more segments to come
     FINISHED = "finished"        # EOS reached
     TRUNCATED = "truncated"      # global max length reached without EOS (reward 0)

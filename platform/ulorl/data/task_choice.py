@@ -120,7 +120,9 @@ def sample_solution(terms: Sequence[int], rng: random.Random, spec: ChoiceSpec =
         if 0 < spec.guess_prob < 1 else 0.0
     if rng.random() < spec.guess_prob:
         return guess(terms), h
-    groups, slots, left = [], [], len(terms) - 1
+    groups: list[int] = []
+    slots: list[int] = []
+    left = len(terms) - 1
     while left:
         opts = min(spec.max_group, left)
         g = rng.randint(1, opts)

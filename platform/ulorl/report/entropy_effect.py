@@ -23,7 +23,9 @@ the chunked LM head, no [B, T, V] tensor).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import operator
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -89,7 +91,7 @@ def entropy_effect(model: torch.nn.Module, batch: TrainBatch, temperature: float
     h_mean = (ent * mask).sum() / n
     g_h = _flat_grad(h_mean, params, retain=True)
     g = {c: _flat_grad(-(adv * lp * m).sum() / n, params, retain=True) for c, m in classes.items()}
-    total = sum(g.values())
+    total = functools.reduce(operator.add, g.values())   # sum(), without its int start
     static = total - g["mpt"]
 
     def dh(vec: Tensor) -> float:

@@ -41,6 +41,8 @@ def _window_diff(points: dict[int, float], frac: float = 0.2) -> float:
 def run_one(experiment: str, overrides: list[str], uri: str, run_dir: Path) -> dict[str, Any]:
     cfg = load_experiment(experiment, [*overrides, f"tracking.uri={uri}"])
     res = Trainer(cfg, run_dir=run_dir, progress=False).run()
+    if res.run_id is None:
+        raise RuntimeError(f"{run_dir}: the run logged no MLflow run")
     client = MlflowClient(uri)
     step_s = _history(client, res.run_id, "time/step_s")
     skipped = _history(client, res.run_id, schema.SKIPPED_METRIC)

@@ -378,16 +378,18 @@ def build_table2(store: RunStore, hints: dict[str, str]) -> Table:
         cells = []
         ks = set()
         for b, _ in cols:
-            r = latest.get((lab, b))
-            if r is None:
+            hit = latest.get((lab, b))
+            if hit is None:
                 cells.append(Cell(NOT_RUN))
             else:
-                c = _score_cell(r, b)
+                c = _score_cell(hit, b)
                 if counts[(lab, b)] > 1:
-                    c = Cell(c.text, c.value, c.run_ids, note=c.note + f"; latest of {counts[(lab, b)]} runs", mode=c.mode)
+                    c = Cell(c.text, c.value, c.run_ids, note=c.note + f"; latest of {counts[(lab, b)]} runs",
+                             mode=c.mode)
                 cells.append(c)
-                ks.add(r.tags.get("ulorl.k", "?"))
-        rows.append([label(lab), label("ours")] + cells[:2] + [Cell(NOT_RUN)] + cells[2:] + [label("/".join(sorted(ks)) or DASH)])
+                ks.add(hit.tags.get("ulorl.k", "?"))
+        rows.append([label(lab), label("ours")] + cells[:2] + [Cell(NOT_RUN)] + cells[2:]
+                    + [label("/".join(sorted(ks)) or DASH)])
     modes = one_mode_per_column(rows, range(2, 3 + len(cols)))
     for row in rows:
         row[4] = _avg_cell(row[2:4])

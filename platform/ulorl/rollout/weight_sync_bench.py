@@ -243,9 +243,9 @@ def run_weight_sync_bench(engine: str, size_mb: float, bucket_mb: float, *, samp
             from ulorl.rollout.engines.hf import HFEngine
 
             new = {k: v + 1e-3 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
-            eng = HFEngine(model, eos_token_id=1, pad_token_id=2)
-            res = _measure("in-process", lambda: eng.update_weights(new, 1), lambda: None, nbytes, sample_ms / 1000,
-                           lambda: 0, None)
+            hf_eng = HFEngine(model, eos_token_id=1, pad_token_id=2)
+            res = _measure("in-process", lambda: hf_eng.update_weights(new, 1), lambda: None, nbytes,
+                           sample_ms / 1000, lambda: 0, None)
             out["results"].append(asdict(res))
         else:
             raise ValueError(f"--engine must be hf or vllm, got {engine!r}")

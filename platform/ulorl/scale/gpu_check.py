@@ -47,7 +47,10 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STAGES: tuple[str, ...] = ("env", "model", "hf_engine", "zero2", "zero3", "long_rows", "vllm", "vllm_moe",
                            "trainer", "ray")
@@ -232,7 +235,7 @@ def _zero_stage(ctx: StageContext, stage: int) -> dict[str, Any]:
     ckpt_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     export_dir = ctx.work / f"export_zero{stage}"
-    backend.rollout_model.save_pretrained(export_dir, safe_serialization=True)
+    cast("PreTrainedModel", backend.rollout_model).save_pretrained(export_dir, safe_serialization=True)
     export_s = time.perf_counter() - t0
     reloaded, _ = load_policy(str(export_dir), device="cpu")
     exported = {k: v.float() for k, v in reloaded.state_dict().items()}
@@ -352,9 +355,9 @@ def stage_vllm(ctx: StageContext) -> dict[str, Any]:
     big_dir = ctx.work / "qwen3_2gb"
     cfg = Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=16 if ctx.on_cuda else 1,
                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                      max_position_embeddings=2048, torch_dtype="bfloat16")
+                      max_position_embeddings=2048, dtype="bfloat16")
     with torch.device(ctx.device):
-        big = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+        big = Qwen3ForCausalLM(cfg).to(torch.bfloat16)  # type: ignore[arg-type]  # transformers mistypes .to
     big.save_pretrained(big_dir, safe_serialization=True)
     sd = {k: v.detach() for k, v in big.state_dict().items()}
     out["sync_gb"] = round(sum(v.numel() * v.element_size() for v in sd.values()) / 1e9, 2)
@@ -379,7 +382,7 @@ def stage_vllm_moe(ctx: StageContext) -> dict[str, Any]:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,  # type: ignore[call-arg]  # an extra attribute
                          num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=1024,
                          eos_token_id=2, tie_word_embeddings=False)
     torch.manual_seed(0)
@@ -423,6 +426,8 @@ def stage_trainer(ctx: StageContext) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     if res.steps != ctx.steps:
         raise RuntimeError(f"trainer stopped after {res.steps} of {ctx.steps} steps")
+    if res.run_id is None:
+        raise RuntimeError("the trainer logged no MLflow run")
     run = MlflowClient(uri).get_run(res.run_id)
     if run.info.status != "FINISHED":
         raise RuntimeError(f"MLflow run {res.run_id} is {run.info.status}")

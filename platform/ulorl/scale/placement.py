@@ -475,9 +475,10 @@ def run_placement(
 
         engine_cls = ray.remote(EngineActor)
         trainer_cls = ray.remote(TrainerActor)
-        engines = [engine_cls.options(**opts(n + j)).remote(cfg_dict, actor_threads(r.cpus_per_engine))
+        # Any: Ray types an actor handle's methods as plain callables, without their .remote
+        engines: list[Any] = [engine_cls.options(**opts(n + j)).remote(cfg_dict, actor_threads(r.cpus_per_engine))
                    for j in range(m)]
-        workers = [trainer_cls.options(**opts(i)).remote() for i in range(n)]
+        workers: list[Any] = [trainer_cls.options(**opts(i)).remote() for i in range(n)]
         actors = engines + workers
         trainer_info = ray.get([w.info.remote() for w in workers])
         engine_info = ray.get([e.info.remote() for e in engines])

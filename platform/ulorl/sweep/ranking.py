@@ -128,7 +128,7 @@ def ranking_rows(trials: Sequence[Trial], mode: str = "max") -> list[dict[str, A
     for i, t in enumerate(search + others, 1):
         avg, lo, hi = score_interval(t.scores)
         base = baseline_for(t, trials)
-        d = (None, None, None)
+        d: tuple[Optional[float], Optional[float], Optional[float]] = (None, None, None)
         if base is not None and base.run_id != t.run_id and t.scores:
             a, b = common_scores(t.scores, base.scores)
             if a:
@@ -148,10 +148,10 @@ def ranking_rows(trials: Sequence[Trial], mode: str = "max") -> list[dict[str, A
 def best_index(objectives: Sequence[Optional[float]], trial_ids: Sequence[str], mode: str = "max") -> Optional[int]:
     """Index of the best trial: best objective, ties broken by the smaller trial id."""
     sign = -1.0 if mode == "max" else 1.0
-    valid = [i for i, v in enumerate(objectives) if v is not None and np.isfinite(v)]
+    valid = [(i, float(v)) for i, v in enumerate(objectives) if v is not None and np.isfinite(v)]
     if not valid:
         return None
-    return min(valid, key=lambda i: (sign * float(objectives[i]), trial_ids[i]))
+    return min(valid, key=lambda iv: (sign * iv[1], trial_ids[iv[0]]))[0]
 
 
 @dataclass
@@ -175,7 +175,7 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
         return Verdict("verdict: no baseline with held-out results to compare against", None, [], None)
     best = next(t for t in trials if t.run_id == search[0]["run_id"])
     same_config = [best] + [t for t in trials if t.role == ROLE_RERUN]
-    per_seed = []
+    per_seed: list[dict[str, Any]] = []
     for t in sorted(same_config, key=lambda t: t.seed_offset):
         base = bases.get(t.seed_offset)
         if base is None or not t.scores:

@@ -163,7 +163,7 @@ class SweepSpec(_S):
 
     @property
     def modes(self) -> list[str]:
-        return self.mode if isinstance(self.mode, list) else [self.mode]
+        return list(self.mode) if isinstance(self.mode, list) else [self.mode]
 
 
 def _errors(err: ValidationError, source: str) -> str:
@@ -272,10 +272,11 @@ def grid_trials(spec: SweepSpec) -> list[dict[str, Any]]:
     if any(v is None for v in values):
         bad = keys[values.index(None)]
         raise SweepError(f"space.{bad}: continuous ranges need search.algorithm: optuna")
+    grid = [v for v in values if v is not None]   # all of them (checked above)
     variants = spec.variants or [Variant(name="")]
     out = []
     for var in variants:
-        for combo in itertools.product(*values) if keys else [()]:
+        for combo in itertools.product(*grid) if keys else [()]:
             for rep in range(spec.repeats):
                 out.append({"variant": var.name, "overrides": {**var.overrides, **dict(zip(keys, combo))},
                             "tags": dict(var.tags), "repeat": rep})

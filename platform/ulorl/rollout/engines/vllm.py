@@ -67,7 +67,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 
@@ -107,7 +107,7 @@ NATIVE_CPU_MESSAGE = (
     "no native backend moves weights on CPU: use rollout.weight_transfer=stream"
 )
 
-_FINISH = {"stop": "eos", "length": "length"}
+_FINISH: dict[str, Literal["eos", "length"]] = {"stop": "eos", "length": "length"}
 
 
 def request_seed_64(sampling_seed: int, request_seed: int) -> int:
@@ -274,10 +274,10 @@ class NativeWeightTransfer:
         holder = _ListSource()
 
         class _Source(WeightSource):
-            def metadata(self):  # type: ignore[no-untyped-def]
+            def metadata(self):
                 return holder.metadata()
 
-            def __iter__(self):  # type: ignore[no-untyped-def]
+            def __iter__(self):
                 return iter(holder.items)
 
         self._holder = holder

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-len", type=int, default=d.max_len, help="global max response length")
     r.add_argument("--segments", default=",".join(map(str, d.segments)), help="segment counts S")
     r.add_argument("--regimes", default=",".join(d.regimes), help="batching regimes")
-    r.add_argument("--warmup", type=int, default=None, help="warm-up steps per setting (unset: S, which fills the unfinished pool)")
+    r.add_argument("--warmup", type=int, default=None,
+                   help="warm-up steps per setting (unset: S, which fills the unfinished pool)")
     r.add_argument("--threads", type=int, default=d.threads,
                    help="torch threads (0 = torch's default; 1 is robust on a shared 2-core machine)")
     r.add_argument("--model", default=d.model, help="'embedded' or a local model folder")

@@ -470,7 +470,8 @@ def parallel_frame(trials: pd.DataFrame, params: Sequence[str], objective: str) 
     df = trials.dropna(subset=[objective])
     if df.empty:
         return pd.DataFrame(columns=cols)
-    axes = [(p, param_col(p)) for p in params if param_col(p) in df] + [(short_metric(objective.split(".", 1)[-1]), objective)]
+    axes = ([(p, param_col(p)) for p in params if param_col(p) in df]
+            + [(short_metric(objective.split(".", 1)[-1]), objective)])
     parts = []
     for order, (name, col) in enumerate(axes):
         raw = coerce(df[col]) if col != objective else df[col].astype(float)

@@ -14,7 +14,8 @@ Choices of a derivation, each line: how many of the next terms to add (1..max_gr
 and the line's form: after the first line, with probability ``continue_prob`` a continuation
 ``+67+12=214`` that leaves the running sum implicit, else a full line with the running sum at any
 of the g+1 operand slots (uniform). The terms keep prompt order, so "the term after the last one
-used" stays a simple pointer. Before the lines: derive or guess (``guess_prob``). Bigger groups and guesses are shorter and harder (more arithmetic in
+used" stays a simple pointer. Before the lines: derive or guess (``guess_prob``). Bigger groups and
+guesses are shorter and harder (more arithmetic in
 one step), so longer outputs are more accurate: the length-buys-accuracy trade-off of the paper.
 
 ``sample_solution`` draws from this law (the warm start's targets) and returns the exact
@@ -129,7 +130,8 @@ def sample_solution(terms: Sequence[int], rng: random.Random, spec: ChoiceSpec =
         h += math.log(opts)
         cont = bool(groups) and rng.random() < spec.continue_prob
         if groups and 0 < spec.continue_prob < 1:
-            h -= spec.continue_prob * math.log(spec.continue_prob) + (1 - spec.continue_prob) * math.log(1 - spec.continue_prob)
+            h -= (spec.continue_prob * math.log(spec.continue_prob)
+                  + (1 - spec.continue_prob) * math.log(1 - spec.continue_prob))
         if cont:
             slot = CONTINUE
         else:

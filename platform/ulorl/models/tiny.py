@@ -63,7 +63,8 @@ def tiny_config(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TIN
     )
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TINY, seed: int = 0) -> Qwen3ForCausalLM:
+def build_tiny_model(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TINY,
+                     seed: int = 0) -> Qwen3ForCausalLM:
     """Randomly initialised embedded model (deterministic given ``seed``), float32."""
     import torch
     from transformers import Qwen3ForCausalLM

@@ -140,7 +140,8 @@ def _batches(cfg, model, tokenizer, n_batches: int, progress: bool):
 
     try:
         for i in range(n_batches):
-            res = sched.step(stream.take(r.prompts_per_step), 0, score_fn=lambda done: scorer.score_samples(done, tokenizer))
+            res = sched.step(stream.take(r.prompts_per_step), 0,
+                             score_fn=lambda done: scorer.score_samples(done, tokenizer))
             samples = [s for grp in res.groups for s in grp]
             for s in samples:
                 s.reward = float(s.reward or 0.0)
@@ -202,7 +203,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for c in CLASSES:
         print(f"{c:<16}{summary['token_share'][c]:>12.3f}{summary['grad_norm'][c]:>12.4g}{summary['dH_sgd'][c]:>26.4g}")
     print(f"dH per unit lr, all tokens vs MPTs masked (static): SGD {summary['dH_sgd_all']:.4g} vs "
-          f"{summary['dH_sgd_static']:.4g}; first Adam step {summary['dH_adam_all']:.4g} vs {summary['dH_adam_static']:.4g}")
+          f"{summary['dH_sgd_static']:.4g}; first Adam step {summary['dH_adam_all']:.4g} vs "
+          f"{summary['dH_adam_static']:.4g}")
     return 0
 
 

@@ -100,7 +100,8 @@ def bench_setup(config: dict[str, Any], segments: int, regime: str,
     )
 
 
-BENCH_CONFIG_KEYS = ("max_response_len", "prompts_per_step", "group_size", "prompt_len_mean", "prompt_lengths", "engine",
+BENCH_CONFIG_KEYS = ("max_response_len", "prompts_per_step", "group_size", "prompt_len_mean", "prompt_lengths",
+                     "engine",
                      "engine_backend", "min_ready_groups", "context_mode", "share_prompt_prefill",
                      "compact_min_frac", "max_buckets", "bucket_overhead", "share_min_tokens")
 

@@ -635,7 +635,8 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
             if setup.context == "padded":
                 prefill = B * int(ctx0.max())
             elif forest:
-                ctxs = [dist.prompt_of(int(row_rec[i])) + dist.responses_of(int(row_rec[i]))[int(row_mem[i])][:int(d[i])]   # type: ignore[attr-defined]
+                ctxs = [dist.prompt_of(int(row_rec[i]))   # type: ignore[attr-defined]
+                        + dist.responses_of(int(row_rec[i]))[int(row_mem[i])][:int(d[i])]   # type: ignore[attr-defined]
                         for i in range(B)]
                 prefill = _forest_prefill_tokens(ctxs, int(setup.share_min_tokens))   # type: ignore[arg-type]
             else:

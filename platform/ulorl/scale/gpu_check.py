@@ -286,7 +286,8 @@ def stage_long_rows(ctx: StageContext) -> dict[str, Any]:
             peak = torch.cuda.max_memory_allocated(ctx.device) / 2**30 if ctx.on_cuda else float("nan")
             peaks[layers] = peak
             out[f"seq_{seq}_layers_{layers}"] = {"peak_gib": round(peak, 3), "s": round(time.perf_counter() - t0, 2),
-                                                 "result": res if isinstance(res, (dict, int, float, str)) else str(res)}
+                                                 "result": res if isinstance(res, (dict, int, float, str))
+                                                 else str(res)}
         per_layer = peaks[2] - peaks[1]
         out[f"seq_{seq}_full_depth_peak_gib"] = round(peaks[1] + per_layer * (QWEN3_4B["layers"] - 1), 2)
     return out
@@ -353,7 +354,8 @@ def stage_vllm(ctx: StageContext) -> dict[str, Any]:
         eng.close()
     # weight sync at a multi-GB size: a Qwen3 with 16 layers of width 2048 (~1.1 B params, ~2.2 GB bf16)
     big_dir = ctx.work / "qwen3_2gb"
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=16 if ctx.on_cuda else 1,
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                      num_hidden_layers=16 if ctx.on_cuda else 1,
                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
                       max_position_embeddings=2048, dtype="bfloat16")
     with torch.device(ctx.device):
@@ -515,7 +517,8 @@ def run_child(name: str, work: Path, args: argparse.Namespace, limit_s: float) -
                 "error": f"time limit: stopped after {limit_s:.0f} s", "log_tail": (log or "")[-1500:]}
     if not result.is_file():
         return {"stage": name, "status": "fail", "seconds": round(time.perf_counter() - t0, 3),
-                "error": f"stage process exited with {proc.returncode} without a result", "log_tail": (log or "")[-1500:]}
+                "error": f"stage process exited with {proc.returncode} without a result",
+                "log_tail": (log or "")[-1500:]}
     rec = json.loads(result.read_text())
     if rec["status"] == "fail":
         rec["log_tail"] = (log or "")[-1500:]
@@ -526,7 +529,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ulorl.scale.gpu_check", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.split("\n")[1:]))
-    ap.add_argument("--out", type=Path, help="write the report (every stage with its status and numbers) to this JSON file")
+    ap.add_argument("--out", type=Path,
+                    help="write the report (every stage with its status and numbers) to this JSON file")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (to test this script on a CPU machine)")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
@@ -564,7 +568,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         for name in wanted:
             missing = [m for m in OPTIONAL.get(name, ()) if not _present(m)]
-            failed = [n for n in NEEDS.get(name, ()) if not any(s["stage"] == n and s["status"] == "pass" for s in stages)]
+            failed = [n for n in NEEDS.get(name, ())
+                      if not any(s["stage"] == n and s["status"] == "pass" for s in stages)]
             left = args.budget_s - (time.perf_counter() - t_start)
             if missing:
                 rec = _skip(name, f"{', '.join(missing)} not installed")

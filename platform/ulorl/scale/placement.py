@@ -184,7 +184,8 @@ def check_nodes_hold(bundles: list[dict[str, float]], roles: list[str], strategy
 
     largest = max(nodes, key=size)
     big = {k: largest["resources"].get(k, 0.0) for k in ("CPU", "GPU")}
-    where = f"the largest node ({largest['ip']}, node id {largest['node_id'][:12]}) has {big['CPU']:g} CPU, {big['GPU']:g} GPU"
+    where = (f"the largest node ({largest['ip']}, node id {largest['node_id'][:12]}) has "
+             f"{big['CPU']:g} CPU, {big['GPU']:g} GPU")
     if strategy == "STRICT_PACK":
         total = {k: sum(b.get(k, 0.0) for b in bundles) for k in ("CPU", "GPU")}
         if not any(_fits(total, {k: n["resources"].get(k, 0.0) for k in ("CPU", "GPU")}) for n in nodes):
@@ -466,12 +467,14 @@ def run_placement(
             own_pg = pg = placement_group(bundles, strategy=strategy, name=f"ulorl-{cfg.name}-{os.getpid()}")
             ready, _ = ray.wait([pg.ready()], timeout=PG_READY_TIMEOUT_S)
             if not ready:
-                raise PlacementError(f"placement group {bundles} ({strategy}) not ready after {PG_READY_TIMEOUT_S:.0f}s")
+                raise PlacementError(f"placement group {bundles} ({strategy}) not ready after "
+                                     f"{PG_READY_TIMEOUT_S:.0f}s")
 
         def opts(i: int) -> dict[str, Any]:
             b = bundles[i]
             return {"num_cpus": b["CPU"], "num_gpus": b.get("GPU", 0.0),
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=offset + i)}
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=offset + i)}
 
         engine_cls = ray.remote(EngineActor)
         trainer_cls = ray.remote(TrainerActor)

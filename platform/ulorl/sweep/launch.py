@@ -193,7 +193,8 @@ class SweepRunner:
         state_path = self.sweep_dir / STATE_FILE
         if self.resume:
             if not state_path.is_file():
-                raise FileNotFoundError(f"--resume: no sweep state at {state_path}; run the sweep without --resume first")
+                raise FileNotFoundError(f"--resume: no sweep state at {state_path}; "
+                                        "run the sweep without --resume first")
             state = json.loads(state_path.read_text())
             RunTracker.resume(self.tracking_uri, state["parent_run_id"])
             return state["parent_run_id"]
@@ -203,12 +204,14 @@ class SweepRunner:
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         base_cfg = config_from_dict(self.base, str(self.base_path))
         experiment = self.spec.experiment or base_cfg.tracking.experiment
-        space_params: dict[str, Any] = {f"space.{k}": json.dumps(d.model_dump(exclude_none=True)) for k, d in self.spec.space.items()}
+        space_params: dict[str, Any] = {f"space.{k}": json.dumps(d.model_dump(exclude_none=True))
+                                        for k, d in self.spec.space.items()}
         space_params.update({f"fixed.{k}": v for k, v in self.spec.overrides.items()})
         space_params.update({"sweep.metric": self.spec.metric, "sweep.mode": self.spec.mode,
                              "sweep.num_samples": self.spec.num_samples, "sweep.search": self.spec.search.algorithm,
                              "sweep.max_concurrent": self.spec.max_concurrent,
-                             "sweep.resources.cpu": self.spec.resources.cpu, "sweep.resources.gpu": self.spec.resources.gpu})
+                             "sweep.resources.cpu": self.spec.resources.cpu,
+                             "sweep.resources.gpu": self.spec.resources.gpu})
         if self._server is not None:
             space_params["sweep.tracking_server"] = self._server.uri
             space_params["sweep.tracking_auth"] = "basic" if self._server.auth else "none"

@@ -189,7 +189,8 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
         spread = max(means) - min(means)
     if not per_seed:
         return Verdict("verdict: the best trial has no held-out results paired with a baseline", None, [], spread)
-    seeds = ", ".join(f"seed+{p['seed_offset']}: {p['diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}]" for p in per_seed)
+    seeds = ", ".join(f"seed+{p['seed_offset']}: {p['diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}]"
+                      for p in per_seed)
     n = len(per_seed)
     if all(p["low"] > 0 for p in per_seed):
         word, beats = f"BEATS the baseline on all {n} seed(s)", True
@@ -349,7 +350,8 @@ def print_summary(summary: dict[str, Any], spec: Any, file: Any = None) -> None:
     for r in rows:
         ci = f"{_fmt(r['heldout_avg'])} [{_fmt(r['heldout_ci_low'])}, {_fmt(r['heldout_ci_high'])}]"
         diff = ("(baseline)" if r["role"] == ROLE_BASELINE else
-                f"{_fmt(r['diff_vs_baseline'], True)} [{_fmt(r['diff_ci_low'], True)}, {_fmt(r['diff_ci_high'], True)}]")
+                f"{_fmt(r['diff_vs_baseline'], True)} "
+                f"[{_fmt(r['diff_ci_low'], True)}, {_fmt(r['diff_ci_high'], True)}]")
         role = r["role"] + (f" seed+{r['seed_offset']}" if r["seed_offset"] else "")
         table.add_row(_fmt(r["rank"]), r["run_name"], role, r["status"], ci, diff)
     console = Console(file=out, width=None if getattr(out, "isatty", lambda: False)() else 200)

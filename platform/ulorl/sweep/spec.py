@@ -56,7 +56,8 @@ class Dim(_S):
     def _one(self) -> Dim:
         set_ = [k for k in ("choice", "grid", "uniform", "loguniform", "randint") if getattr(self, k) is not None]
         if len(set_) != 1:
-            raise ValueError(f"give exactly one of choice / grid / uniform / loguniform / randint, got {set_ or 'none'}")
+            raise ValueError("give exactly one of choice / grid / uniform / loguniform / randint, "
+                             f"got {set_ or 'none'}")
         kind = set_[0]
         if kind in ("choice", "grid") and not getattr(self, kind):
             raise ValueError(f"{kind} needs at least one value")

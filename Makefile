@@ -1,6 +1,7 @@
 # ulorl — two commands from a fresh clone:
 #   make quickstart   set up (.venv, CPU torch) and run the headline sweep on the embedded default
 #   make test         set up and run the test suite
+#   make lint         ruff and mypy on platform/ (configured in pyproject.toml)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,7 +19,7 @@ TORCH_CONSTRAINTS := $(VENV)/torch-constraints.txt
 # Tests that need no root: make test BROWSER=0 (skips the apt install and the Chromium test).
 BROWSER ?= 1
 
-.PHONY: setup quickstart test test-slow test-vllm setup-vllm setup-browser clean
+.PHONY: setup quickstart lint test test-slow test-vllm setup-vllm setup-browser clean
 
 setup: $(VENV)/.ulorl-installed
 
@@ -50,6 +51,11 @@ setup-browser:
 # ULORL_DATA_DIR: the caller's, else DATA_DIR when that folder exists, else unset (packaged data only).
 DATA_ENV = ULORL_DATA_DIR="$${ULORL_DATA_DIR:-$(if $(wildcard $(DATA_DIR)),$(DATA_DIR),)}"
 NO_BROWSER_ARGS = $(if $(filter 0,$(BROWSER)),--ignore=tests/browser,)
+
+# Lint: ruff (style, imports, bug patterns) and mypy (types); either one dirty fails the target.
+lint: setup
+	$(BIN)/ruff check platform
+	$(BIN)/mypy platform/ulorl
 
 test: setup $(if $(filter 0,$(BROWSER)),,setup-browser)
 	$(DATA_ENV) $(BIN)/pytest -q --ignore=tests/vllm $(NO_BROWSER_ARGS) $(PYTEST_ARGS)

@@ -40,3 +40,11 @@ def test_test_target_without_browser_needs_no_apt():
     assert "apt-get install" in with_browser
     without = _dry("test", "BROWSER=0")
     assert "apt-get" not in without and "--ignore=tests/browser" in without
+
+
+def test_lint_target_runs_ruff_and_mypy_and_ci_lints_before_the_tests():
+    text = _dry("lint", "VENV=/tmp/ulorl-make-n-venv")
+    assert "/tmp/ulorl-make-n-venv/bin/ruff check platform" in text
+    assert "/tmp/ulorl-make-n-venv/bin/mypy platform/ulorl" in text
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ci.index("make lint") < ci.index("make test")   # set -e: a dirty lint stops CI before the tests

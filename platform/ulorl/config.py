@@ -70,10 +70,12 @@ class DataConfig(_Section):
     """Prompt datasets. ``embedded`` = the synthetic task; else a JSONL path (problem/answer),
     a benchmark name resolved in ``data_dir`` (``aime2025``, ``beyondaime``), or a HF dataset id."""
 
-    train: str = Field("embedded", description="training prompts: 'embedded', a JSONL path, a benchmark name or a HF id")
+    train: str = Field("embedded",
+                       description="training prompts: 'embedded', a JSONL path, a benchmark name or a HF id")
     heldout: str = Field("embedded", description="held-out prompts for periodic eval (same forms as data.train)")
     data_dir: Optional[str] = Field(None, description="folder with aime2025.jsonl etc.; else $ULORL_DATA_DIR")
-    task: TaskConfig = Field(TaskConfig(), description="the embedded synthetic task (used when train/heldout = embedded)")
+    task: TaskConfig = Field(TaskConfig(),
+                             description="the embedded synthetic task (used when train/heldout = embedded)")
     shuffle: bool = Field(True, description="shuffle the training prompts (reshuffled each epoch)")
     seed: int = Field(0, description="seed of the prompt order")
 
@@ -81,7 +83,8 @@ class DataConfig(_Section):
 class RolloutConfig(_Section):
     """Segment rollout (PAPER.md section 1). Segment length = max_response_len / segments."""
 
-    engine: Literal["hf", "vllm"] = Field("hf", description="rollout engine: 'hf' (transformers, CPU/GPU) or 'vllm' (gpu extra)")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="rollout engine: 'hf' (transformers, CPU/GPU) or 'vllm' (gpu extra)")
     device: str = Field("cpu", description="torch device of the policy, rollout and training ('cpu', 'cuda', 'cuda:1')")
     segments: int = Field(4, ge=1, description="S: at most S segments of max_response_len/S tokens")
     max_response_len: int = Field(512, ge=1, description="global maximum response length (tokens)")
@@ -101,7 +104,8 @@ class RolloutConfig(_Section):
     max_unfinished: Optional[int] = Field(None, ge=1, description="stop admitting new prompts above this pool size")
     seed: int = Field(0, description="seed of the sampling draws (per request and position)")
     # vLLM-only knobs (ignored by the hf engine)
-    vllm_gpu_memory_utilization: float = Field(0.85, gt=0, le=1.0, description="vLLM: fraction of GPU memory it may use")
+    vllm_gpu_memory_utilization: float = Field(0.85, gt=0, le=1.0,
+                                               description="vLLM: fraction of GPU memory it may use")
     vllm_enable_prefix_caching: bool = Field(True, description="vLLM: reuse cached keys/values of shared prefixes")
     # rollout at scale (rollout/weight_sync.py, rollout/engine_config.py)
     weight_sync_bucket_mb: float = Field(
@@ -166,7 +170,8 @@ class AlgoConfig(_Section):
 
     is_mode: str = Field(
         "pois", description="old log-probs of the ratio: 'pois' (recomputed by the current model), 'sais' (per "
-        "segment's policy version), 'tois' (true on-policy, segments = 1)", json_schema_extra={"choices": list(IS_MODES)}
+        "segment's policy version), 'tois' (true on-policy, segments = 1)",
+        json_schema_extra={"choices": list(IS_MODES)}
     )
     eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="lower clip: ratio >= 1 - eps_low")
     eps_high: float = Field(0.2, ge=0.0, description="upper clip: ratio <= 1 + eps_high (clip-higher when > eps_low)")
@@ -195,7 +200,8 @@ class AlgoConfig(_Section):
 class DeepSpeedConfig(_Section):
     """DeepSpeed ZeRO settings (train.backend = deepspeed; ranks = resources.trainer_workers)."""
 
-    zero_stage: Literal[0, 1, 2, 3] = Field(2, description="ZeRO stage (2: optimizer + gradients sharded, 3: + parameters)")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        2, description="ZeRO stage (2: optimizer + gradients sharded, 3: + parameters)")
     offload_optimizer: bool = Field(False, description="keep optimizer state in CPU memory")
 
 
@@ -306,7 +312,7 @@ class ExperimentConfig(_Section):
     eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "ExperimentConfig":
+    def _cross_checks(self) -> ExperimentConfig:
         r = self.rollout
         if r.max_response_len % r.segments != 0:
             raise ValueError(
@@ -349,7 +355,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any], source: str = "override") -> dict[str, Any]:
+def apply_overrides(data: dict[str, Any], overrides: list[str] | dict[str, Any],
+                    source: str = "override") -> dict[str, Any]:
     """Return a copy of ``data`` with dotted overrides set (intermediate dicts created)."""
     out = copy.deepcopy(data)
     items = overrides.items() if isinstance(overrides, dict) else (parse_override(o) for o in overrides)

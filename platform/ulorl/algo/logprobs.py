@@ -118,7 +118,7 @@ def logprobs_and_entropy(
     flat, lab = _prepare(logits, labels)
     lead = logits.shape[:-1]
     rows = resolve_chunk_rows(flat.shape[0], flat.shape[1], chunk_size)
-    logp, ent = cast(tuple[Tensor, Tensor], _ChunkedLogProbs.apply(flat, lab, t, rows, True))  # type: ignore[no-untyped-call]
+    logp, ent = cast(tuple[Tensor, Tensor], _ChunkedLogProbs.apply(flat, lab, t, rows, True))
     return logp.reshape(lead), ent.reshape(lead)
 
 
@@ -142,5 +142,5 @@ def logprobs_from_logits(
     t = check_temperature(temperature)
     flat, lab = _prepare(logits, labels)
     rows = resolve_chunk_rows(flat.shape[0], flat.shape[1], chunk_size)
-    logp, _ = cast(tuple[Tensor, Tensor], _ChunkedLogProbs.apply(flat, lab, t, rows, False))  # type: ignore[no-untyped-call]
+    logp, _ = cast(tuple[Tensor, Tensor], _ChunkedLogProbs.apply(flat, lab, t, rows, False))
     return logp.reshape(logits.shape[:-1])

@@ -11,8 +11,9 @@ padding), token_entropy Float[B, T] (per-token entropy of the same distribution)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor

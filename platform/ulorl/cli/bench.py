@@ -28,7 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 from ulorl.reward.verifier_bench import add_parser as add_verifier_parser
 from ulorl.reward.verifier_bench import run_cli as run_verifier_cli
@@ -79,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-len", type=int, default=d.max_len, help="global max response length")
     r.add_argument("--segments", default=",".join(map(str, d.segments)), help="segment counts S")
     r.add_argument("--regimes", default=",".join(d.regimes), help="batching regimes")
-    r.add_argument("--warmup", type=int, default=None, help="warm-up steps per setting (unset: S, which fills the unfinished pool)")
+    r.add_argument("--warmup", type=int, default=None,
+                   help="warm-up steps per setting (unset: S, which fills the unfinished pool)")
     r.add_argument("--threads", type=int, default=d.threads,
                    help="torch threads (0 = torch's default; 1 is robust on a shared 2-core machine)")
     r.add_argument("--model", default=d.model, help="'embedded' or a local model folder")

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "stops when held-out accuracy reaches --target-acc.")
     w.add_argument("--profile", choices=profile_names(), default="default",
                    help="embedded profile to build (default: default; 'choice' is embedded:choice)")
-    w.add_argument("--out", default=None, help="also copy the result to this folder (e.g. platform/ulorl/assets/embedded)")
+    w.add_argument("--out", default=None,
+                   help="also copy the result to this folder (e.g. platform/ulorl/assets/embedded)")
     w.add_argument("--force", action="store_true", help="rebuild even if a cached build with this config exists")
     w.add_argument("--seed", type=int, default=None, help="training seed (default 0)")
     w.add_argument("--target-acc", type=float, default=None,

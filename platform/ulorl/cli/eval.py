@@ -47,11 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'embedded' (default), a local path, a HF id (online), or runs:/<run_id>/<artifact path>")
     p.add_argument("--label", default=None, help="row name in Table 2 (tag ulorl.model_label); default from --model")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"max response tokens (default: {DEFAULT_HELDOUT_MAX_NEW} for heldout; else the model's context "
+                   help=f"max response tokens (default: {DEFAULT_HELDOUT_MAX_NEW} for heldout; "
+                        f"else the model's context "
                         f"minus the longest prompt, at most {PAPER_MAX_NEW})")
     p.add_argument("--num-problems", type=int, default=None,
                    help=f"evaluate the first N problems (default: all; heldout: {DEFAULT_HELDOUT_PROBLEMS})")
-    p.add_argument("--data-dir", default=None, help="folder with aime2025.jsonl / beyondaime.jsonl (else $ULORL_DATA_DIR)")
+    p.add_argument("--data-dir", default=None,
+                   help="folder with aime2025.jsonl / beyondaime.jsonl (else $ULORL_DATA_DIR)")
     p.add_argument("--heldout-seed", type=int, default=0, help="seed of the embedded held-out split")
     p.add_argument("--temperature", type=float, default=0.85)
     p.add_argument("--top-p", type=float, default=0.95)
@@ -101,7 +103,8 @@ def load_items(spec: str, data_dir: Optional[str], num_problems: Optional[int], 
     try:
         items = list(resolve_dataset(spec, data_dir))
     except (FileNotFoundError, ValueError, KeyError) as exc:
-        text = str(exc).replace("a benchmark name (", "a benchmark name (heldout = the embedded task's held-out split, ")
+        text = str(exc).replace("a benchmark name (",
+                                "a benchmark name (heldout = the embedded task's held-out split, ")
         raise EvalCliError(f"--benchmark {spec!r}: {text}") from None
     return items[:num_problems] if num_problems else items
 

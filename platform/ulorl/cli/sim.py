@@ -13,8 +13,9 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from ulorl.report import sim_studies as studies
 from ulorl.report import simulator as sim
@@ -219,7 +220,8 @@ def _print_plan(out: dict[str, Any]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ulorl-sim", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Examples:\n  ulorl-bench rollout --json > bench.json && ulorl-sim validate bench.json\n"
+                                epilog="Examples:\n"
+                                       "  ulorl-bench rollout --json > bench.json && ulorl-sim validate bench.json\n"
                                        "  ulorl-sim paper\n"
                                        "  ulorl-sim plan --lognormal 9.9,0.6 --max-len 65536 --cost 14,0,0 "
                                        "--overhead-ms 300000 --regime static")

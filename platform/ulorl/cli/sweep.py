@@ -11,7 +11,8 @@ import sys
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ulorl-sweep",
-        description="Launch a sweep of full UloRL training trials (Ray Tune + Optuna); every trial is an MLflow child run.",
+        description=("Launch a sweep of full UloRL training trials (Ray Tune + Optuna); "
+                     "every trial is an MLflow child run."),
         epilog=("Example: ulorl-sweep sweeps/mpt_threshold.yaml\n\n"
                 "A spec with a `baseline:` also runs the baseline (outside the searcher) and re-runs it and the\n"
                 "best trial on a second seed; the output ranks the trials with held-out intervals, the paired\n"

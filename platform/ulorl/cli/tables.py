@@ -43,7 +43,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from mlflow.exceptions import MlflowException
 
     from ulorl.report.store import RunStore
-    from ulorl.report.tables import to_markdown, build_tables, find_hints, write_all
+    from ulorl.report.tables import build_tables, find_hints, to_markdown, write_all
 
     print(f"[ulorl-tables] reading {uri}", file=sys.stderr, flush=True)
     try:

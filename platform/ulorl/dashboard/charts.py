@@ -5,12 +5,15 @@ Each builder takes a frame from :mod:`ulorl.dashboard.frames` and returns an Alt
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import altair as alt
 import pandas as pd
 
 from ulorl.dashboard import frames
+
+# alt.layer returns a FacetChart when every layer shares a facet encoding (none of these charts has one)
+LayeredChart = Union[alt.LayerChart, alt.FacetChart]
 
 X_TITLES = {"step": "training step", "wall": "wall-clock (s since run start)"}
 
@@ -27,7 +30,7 @@ def _y(field: str, title: str, log: bool) -> alt.Y:
 
 
 def curves_chart(curves: pd.DataFrame, metric: str, x: str = "step", log: bool = False,
-                 sigma: Optional[pd.DataFrame] = None, height: int = 320) -> alt.LayerChart:
+                 sigma: Optional[pd.DataFrame] = None, height: int = 320) -> LayeredChart:
     """One line per run (``curve_frame`` output); optional dashed sigma reference per run."""
     base = alt.Chart(curves).mark_line(point=len(curves) <= 60).encode(
         x=_x(x),
@@ -44,7 +47,7 @@ def curves_chart(curves: pd.DataFrame, metric: str, x: str = "step", log: bool =
 
 
 def bands_chart(bands: pd.DataFrame, metric: str, x: str = "step", log: bool = False,
-                sigma: Optional[pd.DataFrame] = None, height: int = 320) -> alt.LayerChart:
+                sigma: Optional[pd.DataFrame] = None, height: int = 320) -> LayeredChart:
     """Mean line and min-max band per group (``group_bands`` output)."""
     enc_x = _x(x)
     band = alt.Chart(bands).mark_area(opacity=0.2).encode(
@@ -85,10 +88,11 @@ def paper_table1_chart(table1: pd.DataFrame) -> alt.Chart:
     ).properties(height=260)
 
 
-def benchmark_chart(table: pd.DataFrame) -> alt.LayerChart:
+def benchmark_chart(table: pd.DataFrame) -> LayeredChart:
     """avg@k per run and benchmark with the logged confidence interval as error bars; a benchmark
     scored under several reward extraction modes gets one series per mode (``frames.bench_series``)."""
-    table = table.assign(series=frames.bench_series(table)) if "extraction" in table else table.assign(series=table["bench"])
+    series = frames.bench_series(table) if "extraction" in table else table["bench"]
+    table = table.assign(series=series)
     enc = dict(x=alt.X("label:N", title=None, axis=alt.Axis(labelLimit=300)), xOffset="series:N")
     bars = alt.Chart(table).mark_bar().encode(
         **enc, y=alt.Y("avg_at_k:Q", title="avg@k"), color=alt.Color("series:N", title="bench"),
@@ -102,7 +106,7 @@ def benchmark_chart(table: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(bars, err).properties(height=300)
 
 
-def difference_chart(diffs: pd.DataFrame) -> alt.LayerChart:
+def difference_chart(diffs: pd.DataFrame) -> LayeredChart:
     """Paired difference vs the baseline per run and benchmark: point and interval, zero rule."""
     enc = dict(y=alt.Y("label:N", title=None, axis=alt.Axis(labelLimit=400)), yOffset="bench:N")
     bars = alt.Chart(diffs).mark_errorbar(ticks=True).encode(
@@ -116,7 +120,7 @@ def difference_chart(diffs: pd.DataFrame) -> alt.LayerChart:
     return alt.layer(zero, bars, pts).properties(height=40 + 28 * max(1, len(diffs)))
 
 
-def parallel_chart(long: pd.DataFrame, objective_title: str) -> alt.LayerChart:
+def parallel_chart(long: pd.DataFrame, objective_title: str) -> LayeredChart:
     """Parallel coordinates: each trial a line over the [0, 1]-scaled axes, coloured by objective."""
     order = list(long.sort_values("order")["axis"].drop_duplicates())
     x = alt.X("axis:N", sort=order, title=None, axis=alt.Axis(labelAngle=0))
@@ -138,7 +142,7 @@ def importance_chart(imp: pd.DataFrame, value: str = "spearman", title: str = "S
     ).properties(height=60 + 36 * max(1, len(imp)))
 
 
-def history_chart(hist: pd.DataFrame, objective_title: str) -> alt.LayerChart:
+def history_chart(hist: pd.DataFrame, objective_title: str) -> LayeredChart:
     pts = alt.Chart(hist).mark_circle(size=60).encode(
         x=alt.X("trial:Q", title="trial (start order)", axis=alt.Axis(tickMinStep=1, format="d")),
         y=alt.Y("value:Q", title=objective_title,

@@ -8,15 +8,15 @@ Input frames come from :mod:`ulorl.dashboard.store`: ``runs`` (one row per run, 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
-from ulorl.tracking import schema
-
 from ulorl.dashboard.store import BEST_METRICS, PARAM_LABELS, unique_labels
 from ulorl.sweep.ranking import common_scores, paired_bootstrap
+from ulorl.tracking import schema
 
 _EVAL_KEY = re.compile(r"^metrics\.eval/([^/]+)/avg_at_k$")
 
@@ -481,7 +481,8 @@ def parallel_frame(trials: pd.DataFrame, params: Sequence[str], objective: str) 
     df = trials.dropna(subset=[objective])
     if df.empty:
         return pd.DataFrame(columns=cols)
-    axes = [(p, param_col(p)) for p in params if param_col(p) in df] + [(short_metric(objective.split(".", 1)[-1]), objective)]
+    axes = ([(p, param_col(p)) for p in params if param_col(p) in df]
+            + [(short_metric(objective.split(".", 1)[-1]), objective)])
     parts = []
     for order, (name, col) in enumerate(axes):
         raw = coerce(df[col]) if col != objective else df[col].astype(float)

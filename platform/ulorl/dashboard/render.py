@@ -8,7 +8,8 @@ masking are struck through in a red outline. Token text is HTML-escaped.
 from __future__ import annotations
 
 import html
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any, Optional
 
 import pandas as pd
 
@@ -71,8 +72,10 @@ def sample_html(record: dict[str, Any]) -> str:
     return (
         '<div class="ulorl-sample" style="border:1px solid #ddd;border-radius:6px;padding:8px;margin:6px 0">'
         f'<div style="font-size:0.85em;color:#555">{header}</div>'
-        f'<div style="font-family:monospace;font-size:0.85em;color:#666;white-space:pre-wrap;margin:4px 0">{prompt}</div>'
-        f'<div style="font-family:monospace;font-size:0.9em;white-space:pre-wrap;line-height:1.7">{"".join(parts)}</div>'
+        '<div style="font-family:monospace;font-size:0.85em;color:#666;white-space:pre-wrap;margin:4px 0">'
+        f'{prompt}</div>'
+        '<div style="font-family:monospace;font-size:0.9em;white-space:pre-wrap;line-height:1.7">'
+        f'{"".join(parts)}</div>'
         "</div>"
     )
 

@@ -10,8 +10,9 @@ import json
 import re
 import tempfile
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional
 
 import pandas as pd
 from mlflow import MlflowClient
@@ -97,7 +98,8 @@ def load_runs(client: MlflowClient, best_metrics: Iterable[str] = BEST_METRICS) 
     """One row per active run of every active experiment.
 
     Columns: run_id, run_name, label (unique display name, :func:`unique_labels`), experiment,
-    experiment_id, kind, status, start_time, end_time, duration_s, parent_run_id, parent, sweep, config, variant, paper_ref, model_label, benchmark,
+    experiment_id, kind, status, start_time, end_time, duration_s, parent_run_id, parent, sweep, config,
+    variant, paper_ref, model_label, benchmark,
     steps, ``params.<key>`` (strings as logged), ``metrics.<key>`` (latest value),
     ``best.<key>`` (max over history, for ``best_metrics``) and ``tags.<key>``.
     """

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import pandas as pd
 import streamlit as st
@@ -40,7 +41,8 @@ def load_runs() -> pd.DataFrame:
         path = store.sqlite_path(uri)
         folder = "" if path is None or path.parent.is_dir() else f" (its folder `{path.parent}` does not exist either)"
         empty_state(f"No MLflow store at `{path}` yet{folder}.",
-                    f"{'mkdir -p ' + str(path.parent) + ' && ' if folder else ''}{TRAIN_HINT} --tracking-uri {uri}")
+                    f"{'mkdir -p ' + str(path.parent) + ' && ' if folder and path else ''}"
+                    f"{TRAIN_HINT} --tracking-uri {uri}")
     try:
         runs = cache.runs(uri)
     except Exception as exc:  # an unreachable server or a broken DB: say so, no traceback

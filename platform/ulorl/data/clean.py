@@ -29,9 +29,10 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Optional, TextIO
 
 from ulorl.data.jsonl import read_json_objects
 from ulorl.data.prompts import build_prompt

@@ -42,7 +42,8 @@ def _answer_text(value: Any) -> Optional[str]:
     return None
 
 
-def read_json_objects(path: str | os.PathLike[str], missing: str = "file not found") -> list[tuple[int, dict[str, Any]]]:
+def read_json_objects(path: str | os.PathLike[str],
+                      missing: str = "file not found") -> list[tuple[int, dict[str, Any]]]:
     """``(1-based line, object)`` of every non-blank line of a JSONL file.
 
     Raises ``DataError`` naming the file (``missing`` when it does not exist) or ``file:line`` for a

@@ -11,8 +11,9 @@ A name resolves through ``parse_embedded`` wherever the config accepts ``embedde
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 from ulorl.data import task, task_choice
 from ulorl.data.types import PromptItem

@@ -18,8 +18,9 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterator, Literal, Optional, Sequence
+from typing import Literal, Optional
 
 from ulorl.data.types import PromptItem
 

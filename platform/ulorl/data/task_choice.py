@@ -14,7 +14,8 @@ Choices of a derivation, each line: how many of the next terms to add (1..max_gr
 and the line's form: after the first line, with probability ``continue_prob`` a continuation
 ``+67+12=214`` that leaves the running sum implicit, else a full line with the running sum at any
 of the g+1 operand slots (uniform). The terms keep prompt order, so "the term after the last one
-used" stays a simple pointer. Before the lines: derive or guess (``guess_prob``). Bigger groups and guesses are shorter and harder (more arithmetic in
+used" stays a simple pointer. Before the lines: derive or guess (``guess_prob``). Bigger groups and
+guesses are shorter and harder (more arithmetic in
 one step), so longer outputs are more accurate: the length-buys-accuracy trade-off of the paper.
 
 ``sample_solution`` draws from this law (the warm start's targets) and returns the exact
@@ -27,8 +28,8 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterator, Sequence
 
 from ulorl.data.task import Split, canonical, is_correct, last_boxed_int, make_prompt, split_seed  # noqa: F401  (re-exported: same checks and prompt)
 from ulorl.data.types import PromptItem
@@ -120,14 +121,17 @@ def sample_solution(terms: Sequence[int], rng: random.Random, spec: ChoiceSpec =
         if 0 < spec.guess_prob < 1 else 0.0
     if rng.random() < spec.guess_prob:
         return guess(terms), h
-    groups, slots, left = [], [], len(terms) - 1
+    groups: list[int] = []
+    slots: list[int] = []
+    left = len(terms) - 1
     while left:
         opts = min(spec.max_group, left)
         g = rng.randint(1, opts)
         h += math.log(opts)
         cont = bool(groups) and rng.random() < spec.continue_prob
         if groups and 0 < spec.continue_prob < 1:
-            h -= spec.continue_prob * math.log(spec.continue_prob) + (1 - spec.continue_prob) * math.log(1 - spec.continue_prob)
+            h -= (spec.continue_prob * math.log(spec.continue_prob)
+                  + (1 - spec.continue_prob) * math.log(1 - spec.continue_prob))
         if cont:
             slot = CONTINUE
         else:

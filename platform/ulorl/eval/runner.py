@@ -16,8 +16,9 @@ import csv
 import io
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
@@ -232,12 +233,12 @@ def evaluate(
             print(f"[ulorl-eval] {bench_name}: {n}/{len(reqs)} samples, {done_tokens} tokens, "
                   f"{el:.1f}s ({done_tokens / max(el, 1e-9):.0f} tok/s), running avg "
                   f"{correct.reshape(-1)[:n].mean():.3f}", file=sys.stderr, flush=True)
-    res = summarize(bench_name, items, correct, lens, trunc, preds, ci_seed=ci_seed)
-    res.max_new_tokens = max_new_tokens
-    res.sampling = asdict(sampling)
-    res.wall_s = time.perf_counter() - t0
-    res.extraction = extraction
-    return res
+    summary = summarize(bench_name, items, correct, lens, trunc, preds, ci_seed=ci_seed)
+    summary.max_new_tokens = max_new_tokens
+    summary.sampling = asdict(sampling)
+    summary.wall_s = time.perf_counter() - t0
+    summary.extraction = extraction
+    return summary
 
 
 def per_problem_artifact(bench: str, step: Optional[int] = None) -> str:

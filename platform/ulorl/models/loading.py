@@ -28,8 +28,10 @@ class ModelLoadError(RuntimeError):
 
 def embedded_model_dir(profile: str = "default") -> Path:
     """Folder of a shipped warm-started embedded model (weights, config, tokenizer)."""
-    asset = parse_embedded(f"{EMBEDDED}:{profile}").asset_dir
-    return Path(__file__).resolve().parent.parent / "assets" / asset
+    spec = parse_embedded(f"{EMBEDDED}:{profile}")
+    if spec is None:   # unreachable: an "embedded:" spec always names a profile (or get_profile raises)
+        raise ModelLoadError(f"unknown embedded profile {profile!r}")
+    return Path(__file__).resolve().parent.parent / "assets" / spec.asset_dir
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -102,7 +104,7 @@ def load_policy(
         raise ModelLoadError(f"cannot load model weights from {name_or_path!r} ({path}): {exc}") from exc
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]  # transformers types .to's wrapper as taking a model
     tok = load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     return model, tok
 

@@ -55,7 +55,7 @@ def tiny_config(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TIN
         num_key_value_heads=spec.num_key_value_heads,
         head_dim=spec.hidden_size // spec.num_attention_heads,
         max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=spec.rope_theta,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
         tie_word_embeddings=False,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -63,7 +63,8 @@ def tiny_config(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TIN
     )
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TINY, seed: int = 0) -> Qwen3ForCausalLM:
+def build_tiny_model(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TINY,
+                     seed: int = 0) -> Qwen3ForCausalLM:
     """Randomly initialised embedded model (deterministic given ``seed``), float32."""
     import torch
     from transformers import Qwen3ForCausalLM

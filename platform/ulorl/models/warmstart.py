@@ -27,13 +27,20 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
-from ulorl.data.profiles import TaskProfile, get_profile
+from ulorl.data.profiles import get_profile
 from ulorl.data.task import (
-    DEFAULT_SPEC, LENGTH_EDGES, TaskSpec, bucket_labels, is_correct, length_bucket, make_split, reference_solution,
+    DEFAULT_SPEC,
+    LENGTH_EDGES,
+    TaskSpec,
+    bucket_labels,
+    is_correct,
+    length_bucket,
+    reference_solution,
 )
 from ulorl.data.task_choice import CHOICE_SPEC, ChoiceSpec
 from ulorl.data.types import PromptItem
@@ -357,7 +364,8 @@ def meets_targets(ev: dict[str, Any], cfg: WarmStartConfig) -> bool:
     """Stopping rule: overall accuracy >= target and, if set, every non-empty bucket >= min_bucket_acc."""
     if ev["acc"] < cfg.target_acc:
         return False
-    return cfg.min_bucket_acc <= 0 or all(a >= cfg.min_bucket_acc for a in ev["acc_by_length"].values() if a is not None)
+    return cfg.min_bucket_acc <= 0 or all(a >= cfg.min_bucket_acc
+                                          for a in ev["acc_by_length"].values() if a is not None)
 
 
 # ----------------------------------------------------------------------------- training
@@ -446,7 +454,8 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
             if step % cfg.eval_every == 0 or step == cfg.max_steps:
                 te = time.time()
                 if cfg.profile == "default":  # the default's recipe, unchanged
-                    acc, _ = heldout_accuracy(model, tok, eval_items, cfg.temperature, cfg.top_p, seed=cfg.eval_seed + step)
+                    acc, _ = heldout_accuracy(model, tok, eval_items, cfg.temperature, cfg.top_p,
+                                              seed=cfg.eval_seed + step)
                     ev = {"acc": acc}
                 else:
                     ev = heldout_eval(model, tok, eval_items, cfg.temperature, cfg.top_p, seed=cfg.eval_seed + step,
@@ -454,7 +463,8 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
                     acc = ev["acc"]
                 history.append({"step": step, "loss": round(loss_ema, 4), **ev,
                                 "elapsed_s": round(time.time() - t0, 1), "eval_s": round(time.time() - te, 1)})
-                rep.log(f"step {step}: loss {loss_ema:.3f}, held-out " + _fmt_eval(ev) + f" (eval {time.time() - te:.1f}s)")
+                rep.log(f"step {step}: loss {loss_ema:.3f}, held-out " + _fmt_eval(ev)
+                        + f" (eval {time.time() - te:.1f}s)")
                 if cfg.checkpoints:
                     _save_checkpoint(model, tok, partial / f"step{step:05d}", history[-1])
                 if meets_targets(ev, cfg) if cfg.profile != "default" else acc >= cfg.target_acc:

@@ -23,10 +23,13 @@ the chunked LM head, no [B, T, V] tensor).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import operator
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -88,7 +91,7 @@ def entropy_effect(model: torch.nn.Module, batch: TrainBatch, temperature: float
     h_mean = (ent * mask).sum() / n
     g_h = _flat_grad(h_mean, params, retain=True)
     g = {c: _flat_grad(-(adv * lp * m).sum() / n, params, retain=True) for c, m in classes.items()}
-    total = sum(g.values())
+    total = functools.reduce(operator.add, g.values())   # sum(), without its int start
     static = total - g["mpt"]
 
     def dh(vec: Tensor) -> float:
@@ -116,11 +119,11 @@ def entropy_effect(model: torch.nn.Module, batch: TrainBatch, temperature: float
 
 def _batches(cfg, model, tokenizer, n_batches: int, progress: bool):
     """Yield ``TrainBatch``es of finished groups with mixed rewards (S = 1 rollouts)."""
+    from ulorl.algo import dynamic_sampling_filter
     from ulorl.reward import RewardScorer
     from ulorl.rollout.engines import make_engine
     from ulorl.rollout.scheduler import SegmentScheduler
     from ulorl.rollout.types import SamplingParams
-    from ulorl.algo import dynamic_sampling_filter
     from ulorl.train.batch import build_train_batch
     from ulorl.train.prompts import PromptStream, load_items
 
@@ -137,7 +140,8 @@ def _batches(cfg, model, tokenizer, n_batches: int, progress: bool):
 
     try:
         for i in range(n_batches):
-            res = sched.step(stream.take(r.prompts_per_step), 0, score_fn=lambda done: scorer.score_samples(done, tokenizer))
+            res = sched.step(stream.take(r.prompts_per_step), 0,
+                             score_fn=lambda done: scorer.score_samples(done, tokenizer))
             samples = [s for grp in res.groups for s in grp]
             for s in samples:
                 s.reward = float(s.reward or 0.0)
@@ -199,7 +203,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for c in CLASSES:
         print(f"{c:<16}{summary['token_share'][c]:>12.3f}{summary['grad_norm'][c]:>12.4g}{summary['dH_sgd'][c]:>26.4g}")
     print(f"dH per unit lr, all tokens vs MPTs masked (static): SGD {summary['dH_sgd_all']:.4g} vs "
-          f"{summary['dH_sgd_static']:.4g}; first Adam step {summary['dH_adam_all']:.4g} vs {summary['dH_adam_static']:.4g}")
+          f"{summary['dH_sgd_static']:.4g}; first Adam step {summary['dH_adam_all']:.4g} vs "
+          f"{summary['dH_adam_static']:.4g}")
     return 0
 
 

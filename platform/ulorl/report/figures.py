@@ -178,7 +178,8 @@ def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str]) -> li
 def _build(store: RunStore, key: str, title: str, metrics: list[tuple[str, str]], primary: str,
            panel_param: Optional[str], panel_fmt: str, hint: str, sigma: bool = False) -> PaperFigure:
     runs = [r for r in store.runs(paper_ref=key) if r.kind in ("train", "")]
-    panel_of = {r.run_id: (panel_fmt.format(_panel_value(r.param(panel_param, "?"))) if panel_param else "") for r in runs}
+    panel_of = {r.run_id: (panel_fmt.format(_panel_value(r.param(panel_param, "?"))) if panel_param else "")
+                for r in runs}
     panels = sorted(set(panel_of.values()), key=lambda s: (len(s), s)) or [""]
     fig = PaperFigure(key, title, metrics, panels, hint=hint)
     for panel in panels:

@@ -41,6 +41,8 @@ def _window_diff(points: dict[int, float], frac: float = 0.2) -> float:
 def run_one(experiment: str, overrides: list[str], uri: str, run_dir: Path) -> dict[str, Any]:
     cfg = load_experiment(experiment, [*overrides, f"tracking.uri={uri}"])
     res = Trainer(cfg, run_dir=run_dir, progress=False).run()
+    if res.run_id is None:
+        raise RuntimeError(f"{run_dir}: the run logged no MLflow run")
     client = MlflowClient(uri)
     step_s = _history(client, res.run_id, "time/step_s")
     skipped = _history(client, res.run_id, schema.SKIPPED_METRIC)
@@ -81,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'fill':>5} {'s/step':>8} {'skipped':>8} {'rounds':>7} {'cohort':>8} {'cohort d':>9} {'held-out':>9}")
     for fill in (False, True):
         sel = [r for r in rows if r["fill"] == fill]
-        def avg(k: str) -> float:
+
+        def avg(k: str, sel: list[dict[str, Any]] = sel) -> float:
             return statistics.fmean(r[k] for r in sel)
         print(f"{str(fill):>5} {avg('step_s_mean'):8.2f} {avg('skipped_frac'):8.3f} {avg('fill_rounds_mean'):7.2f} "
               f"{avg('cohort_reward_mean'):8.3f} {avg('cohort_last_minus_first_20pct'):+9.3f} "

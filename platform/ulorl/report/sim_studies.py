@@ -12,8 +12,9 @@ simulator itself (tests, docs).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal, Optional
 
 import numpy as np
 
@@ -99,7 +100,8 @@ def bench_setup(config: dict[str, Any], segments: int, regime: str,
     )
 
 
-BENCH_CONFIG_KEYS = ("max_response_len", "prompts_per_step", "group_size", "prompt_len_mean", "prompt_lengths", "engine",
+BENCH_CONFIG_KEYS = ("max_response_len", "prompts_per_step", "group_size", "prompt_len_mean", "prompt_lengths",
+                     "engine",
                      "engine_backend", "min_ready_groups", "context_mode", "share_prompt_prefill",
                      "compact_min_frac", "max_buckets", "bucket_overhead", "share_min_tokens")
 
@@ -139,9 +141,9 @@ def run_validate(bench: dict[str, Any], *, context: Optional[ContextMode] = None
     dist = parse_lengths(bench, "BENCH.json")
     decode, curve_fit = fit_cost_curve(bench["cost_curve"])
     measured: dict[tuple[int, str], dict[str, float]] = {}
-    for i, row in enumerate(bench["results"]):
+    for i, result in enumerate(bench["results"]):
         try:
-            measured[(int(row["segments"]), str(row["regime"]))] = row
+            measured[(int(result["segments"]), str(result["regime"]))] = result
         except KeyError as exc:
             raise ValueError(f"BENCH.json results[{i}] lacks {exc.args[0]!r}") from None
     s1 = {reg: m for (s, reg), m in measured.items() if s == 1}
@@ -257,7 +259,7 @@ def run_paper(dist: Optional[LengthDist] = None, *, segments: Sequence[int] = (1
     for s in segs:
         res = {name: evaluate(traces[s], cm) for name, cm in fits.items()}
         main = res["overhead"]
-        row = {
+        row: dict[str, Any] = {
             "segments": s,
             "decode_iters_per_step": main.decode_iters_per_step,
             "batch_rows_mean": main.batch_rows_mean,
@@ -347,7 +349,7 @@ def synthetic_bench(cost: CostModel, dist: LengthDist, *, max_len: int, prompts_
     results = []
     for reg in ("static", "compact"):
         for s in segments:
-            setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context,  # type: ignore[arg-type]
+            setup = RolloutSetup(max_len, s, prompts_per_step, group_size, reg, prompt_len, context,
                                  share_prompt_prefill=share_prompt_prefill, compact_min_frac=compact_min_frac,
                                  prompt_lens=tuple(prompt_lens) if prompt_lens else None,
                                  share_min_tokens=share_min_tokens)

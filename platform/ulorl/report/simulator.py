@@ -38,13 +38,13 @@ Everything here is numpy and pure (no I/O except ``load_lengths``). The studies 
 from __future__ import annotations
 
 import abc
-
 import json
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Iterable, Literal, Optional, Sequence
+from typing import Any, Literal, Optional
 
 import numpy as np
 
@@ -107,7 +107,7 @@ class CostModel:
         """Cost of one decode iteration with ``rows`` active rows of ``context`` tokens each."""
         return self.a + self.b * rows + self.c * rows * context
 
-    def scaled_decode(self, k: float) -> "CostModel":
+    def scaled_decode(self, k: float) -> CostModel:
         return replace(self, a=self.a * k, b=self.b * k, c=self.c * k)
 
     def decode_vector(self) -> np.ndarray:
@@ -115,7 +115,7 @@ class CostModel:
         return np.array([self.a, self.b, self.c, 0.0, 0.0, 0.0, self.bk])
 
     @classmethod
-    def flat(cls, ms_per_iter: float, **kw: float) -> "CostModel":
+    def flat(cls, ms_per_iter: float, **kw: float) -> CostModel:
         """GPU-like regime: an iteration costs the same for 3 rows as for 128."""
         return cls(a=ms_per_iter, **kw)
 
@@ -166,7 +166,7 @@ class LogNormalLengths(LengthDist):
         return np.maximum(1, np.rint(np.exp(self.mu + self.sigma * z))).astype(np.int64)
 
     @classmethod
-    def with_quantile(cls, x: float, q: float, sigma: float, rho: float = 0.0) -> "LogNormalLengths":
+    def with_quantile(cls, x: float, q: float, sigma: float, rho: float = 0.0) -> LogNormalLengths:
         """The lognormal of spread ``sigma`` with P(L <= x) = q."""
         return cls(mu=math.log(x) - sigma * _norm_ppf(q), sigma=sigma, rho=rho)
 
@@ -235,20 +235,20 @@ class EmpiricalLengths(LengthDist):
         given = [x is not None for x in (self.prompts, self.group_prompt, self.group_lcps)]
         if any(given) and not all(given):
             raise ValueError(f"{self.source}: prefix structure needs prompts, group_prompt and group_lcps together")
-        if all(given):
-            if not self.groups or len(self.group_prompt) != len(self.groups) or \
-                    len(self.group_lcps) != len(self.groups):   # type: ignore[arg-type]
+        prompts, group_prompt, group_lcps = self.prompts, self.group_prompt, self.group_lcps
+        if prompts is not None and group_prompt is not None and group_lcps is not None:
+            if not self.groups or len(group_prompt) != len(self.groups) or len(group_lcps) != len(self.groups):
                 raise ValueError(f"{self.source}: group_prefix needs one prompt and one LCP list per group")
             if len({len(g) for g in self.groups}) != 1:
                 raise ValueError(f"{self.source}: group_prefix groups must all have the same size")
-            for i, (g, c, pi) in enumerate(zip(self.groups, self.group_lcps, self.group_prompt)):  # type: ignore[arg-type]
-                if not 0 <= pi < len(self.prompts) or not self.prompts[pi]:   # type: ignore[arg-type]
+            for i, (g, c, pi) in enumerate(zip(self.groups, group_lcps, group_prompt)):
+                if not 0 <= pi < len(prompts) or not prompts[pi]:
                     raise ValueError(f"{self.source}: group_prefix[{i}] names prompt {pi}, which is missing or empty")
                 if len(c) != len(g) - 1 or any(not 0 <= x <= min(a, b) for x, a, b in zip(c, g, g[1:])):
                     raise ValueError(f"{self.source}: group_prefix[{i}] LCPs {list(c)} do not fit lengths {list(g)}")
-            used = set(self.group_prompt)   # type: ignore[arg-type]
-            if len(used) != len(self.prompts):   # type: ignore[arg-type]
-                raise ValueError(f"{self.source}: {len(self.prompts) - len(used)} prompts have no group")   # type: ignore[arg-type]
+            used = set(group_prompt)
+            if len(used) != len(prompts):
+                raise ValueError(f"{self.source}: {len(prompts) - len(used)} prompts have no group")
 
     @property
     def has_prefix_structure(self) -> bool:
@@ -320,7 +320,7 @@ class EmpiricalLengths(LengthDist):
                "groups": None if not self.groups else len(self.groups),
                "mean": float(arr.mean()), "p50": float(np.median(arr)), "max": int(arr.max())}
         if self.has_prefix_structure:
-            lc = np.asarray([x for c in self.group_lcps for x in c], dtype=float)   # type: ignore[union-attr]
+            lc = np.asarray([x for c in self.group_lcps for x in c], dtype=np.float64)   # type: ignore[union-attr]
             out["prefix_structure"] = {"prompts": len(self.prompts),   # type: ignore[arg-type]
                                        "mean_adjacent_lcp": float(lc.mean()) if lc.size else 0.0}
         return out
@@ -368,7 +368,7 @@ def parse_lengths(data: Any, source: str = "<data>") -> EmpiricalLengths:
         groups_i = tuple(tuple(int(x) for x in g) for g in groups if g) if groups else None
     except (TypeError, ValueError):
         raise ValueError(f"{source}: lengths must be integers") from None
-    if prefix_kw and groups_i is not None and len(groups_i) != len(groups):   # an empty record
+    if prefix_kw and groups and groups_i is not None and len(groups_i) != len(groups):   # an empty record
         raise ValueError(f"{source}: 'group_prefix' has a record with no lengths")
     return EmpiricalLengths(lengths=flat_i, groups=groups_i, source=source, **prefix_kw)
 
@@ -619,7 +619,7 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
         done = d + n == L_eff
         ctx0 = pl + d
         if B == 0:
-            feat = [0, 0, 0, 0, 0, 1, 0]
+            feat: list[float] = [0, 0, 0, 0, 0, 1, 0]
         else:
             budget = int(np.minimum(seg, M - d).max())
             e, labels = effective_context(ctx0, setup, budget)
@@ -635,7 +635,8 @@ def simulate(setup: RolloutSetup, dist: LengthDist, *, steps: int = 400, warmup:
             if setup.context == "padded":
                 prefill = B * int(ctx0.max())
             elif forest:
-                ctxs = [dist.prompt_of(int(row_rec[i])) + dist.responses_of(int(row_rec[i]))[int(row_mem[i])][:int(d[i])]   # type: ignore[attr-defined]
+                ctxs = [dist.prompt_of(int(row_rec[i]))   # type: ignore[attr-defined]
+                        + dist.responses_of(int(row_rec[i]))[int(row_mem[i])][:int(d[i])]   # type: ignore[attr-defined]
                         for i in range(B)]
                 prefill = _forest_prefill_tokens(ctxs, int(setup.share_min_tokens))   # type: ignore[arg-type]
             else:

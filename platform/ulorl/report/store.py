@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from mlflow.entities import ViewType
+from mlflow.entities import Experiment, ViewType
 from mlflow.tracking import MlflowClient
 
 from ulorl.tracking import schema
@@ -68,9 +68,9 @@ class RunStore:
         self._hist: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
 
     @classmethod
-    def open(cls, uri: str, experiment: Optional[str] = None) -> "RunStore":
+    def open(cls, uri: str, experiment: Optional[str] = None) -> RunStore:
         client = MlflowClient(tracking_uri=uri)
-        exps = client.search_experiments(view_type=ViewType.ACTIVE_ONLY)
+        exps: list[Experiment] = list(client.search_experiments(view_type=ViewType.ACTIVE_ONLY))
         if experiment is not None:
             exps = [e for e in exps if e.name == experiment]
         runs: list[RunInfo] = []

@@ -14,9 +14,10 @@ import csv
 import io
 import re
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
 from ulorl.report import paper
 from ulorl.report.store import RunInfo, RunStore
@@ -32,7 +33,8 @@ BATCHING_REGIMES = ("static", "compact")  # rollout.batching values of the confi
 # experiments/ folders do not name a file for it (see ``find_hints``).
 DEFAULT_HINTS: dict[str, str] = {
     "table1": "ulorl-sweep sweeps/segments.yaml",
-    "table2": "ulorl-eval --benchmark aime2025 --k 32 --model <path|runs:/<run_id>/checkpoints/final> --label <row name>",
+    "table2": "ulorl-eval --benchmark aime2025 --k 32 --model <path|runs:/<run_id>/checkpoints/final> "
+              "--label <row name>",
     "table3": "ulorl-sweep sweeps/output_length.yaml",
     "fig2": "ulorl-sweep sweeps/is_mode.yaml",
     "fig4": "ulorl-sweep sweeps/mpt_mode.yaml",
@@ -113,7 +115,8 @@ def find_hints(roots: Optional[list[Path]] = None) -> dict[str, str]:
             refs = set(_PAPER_REF_RE.findall(text))
             refs |= {ref for name, ref in exp_refs.items() if name in text}
             paper_scale = root / "sweeps" / "paper" / p.name
-            cmd = f"ulorl-sweep sweeps/{p.name}" + (f" (paper scale: sweeps/paper/{p.name})" if paper_scale.is_file() else "")
+            cmd = f"ulorl-sweep sweeps/{p.name}" + (f" (paper scale: sweeps/paper/{p.name})"
+                                                    if paper_scale.is_file() else "")
             for ref in sorted(refs):
                 found.setdefault(ref, cmd)
         if found:
@@ -243,13 +246,15 @@ def build_table1(
                     sp_cell = Cell(f"{NA} (no S=1 run)", None, t[1])
                 else:
                     sp = base[0] / t[0]
-                    sp_cell = Cell(f"{sp:.2f}x", sp, tuple(dict.fromkeys(base[1] + t[1])), note="time(S=1)/time(S), same batching")
+                    sp_cell = Cell(f"{sp:.2f}x", sp, tuple(dict.fromkeys(base[1] + t[1])),
+                                   note="time(S=1)/time(S), same batching")
             p = ref.get(s)
             p_time = Cell(_fmt(p.time_per_step_s, 0), p.time_per_step_s, note="paper") if p else Cell(DASH)
             p_sp = Cell(f"{p.speedup:.2f}x", p.speedup, note="paper") if p else Cell(DASH)
             if sim and s in sim:
                 v, fitted = sim[s]
-                src = "ulorl.report.simulator (run_paper)" + (" (calibration point: equals the paper by construction)" if fitted else " (prediction)")
+                src = "ulorl.report.simulator (run_paper)" + (
+                    " (calibration point: equals the paper by construction)" if fitted else " (prediction)")
                 tag = " (fit)" if fitted else ""
                 sim_t = Cell(_fmt(v, 0) + tag, v, note=src)
                 sim_sp = Cell(f"{sim_base / v:.2f}x{tag}", sim_base / v, note=src) if sim_base else Cell(NA)
@@ -274,7 +279,8 @@ def build_table1(
     return Table(
         "table1",
         "Table 1: segment count vs. time per step",
-        ["Segments", "Batching", "Time/step (s)", "Trained samples/s", "Speedup", "Runs", "Paper time/step (s)", "Paper speedup",
+        ["Segments", "Batching", "Time/step (s)", "Trained samples/s", "Speedup", "Runs", "Paper time/step (s)",
+         "Paper speedup",
          "Sim. paper-scale (s)", "Sim. speedup"],
         rows,
         n_label_cols=2,
@@ -377,16 +383,18 @@ def build_table2(store: RunStore, hints: dict[str, str]) -> Table:
         cells = []
         ks = set()
         for b, _ in cols:
-            r = latest.get((lab, b))
-            if r is None:
+            hit = latest.get((lab, b))
+            if hit is None:
                 cells.append(Cell(NOT_RUN))
             else:
-                c = _score_cell(r, b)
+                c = _score_cell(hit, b)
                 if counts[(lab, b)] > 1:
-                    c = Cell(c.text, c.value, c.run_ids, note=c.note + f"; latest of {counts[(lab, b)]} runs", mode=c.mode)
+                    c = Cell(c.text, c.value, c.run_ids, note=c.note + f"; latest of {counts[(lab, b)]} runs",
+                             mode=c.mode)
                 cells.append(c)
-                ks.add(r.tags.get("ulorl.k", "?"))
-        rows.append([label(lab), label("ours")] + cells[:2] + [Cell(NOT_RUN)] + cells[2:] + [label("/".join(sorted(ks)) or DASH)])
+                ks.add(hit.tags.get("ulorl.k", "?"))
+        rows.append([label(lab), label("ours")] + cells[:2] + [Cell(NOT_RUN)] + cells[2:]
+                    + [label("/".join(sorted(ks)) or DASH)])
     modes = one_mode_per_column(rows, range(2, 3 + len(cols)))
     for row in rows:
         row[4] = _avg_cell(row[2:4])
@@ -481,7 +489,8 @@ def _mean_cell(cells: list[Cell]) -> Cell:
         return Cell(NOT_RUN)
     if len({c.mode for c in cells}) > 1:  # never average across extraction modes
         return Cell(NA, None, tuple(rid for c in cells for rid in c.run_ids),
-                    note="runs scored with different reward.extraction modes: " + ", ".join(sorted({c.mode for c in cells})))
+                    note="runs scored with different reward.extraction modes: "
+                         + ", ".join(sorted({c.mode for c in cells})))
     vals = [c.value for c in cells if c.value is not None]
     ids = tuple(dict.fromkeys(rid for c in cells for rid in c.run_ids))
     if not vals:
@@ -506,7 +515,8 @@ def build_table3(store: RunStore, hints: dict[str, str], equal_samples: bool = T
     budget = sample_budget(store, runs) if equal_samples else None
     groups: dict[tuple[int, int], list[RunInfo]] = {}
     for r in runs:
-        groups.setdefault((r.int_param("rollout.max_response_len") or 0, r.int_param("rollout.segments") or 0), []).append(r)
+        key = (r.int_param("rollout.max_response_len") or 0, r.int_param("rollout.segments") or 0)
+        groups.setdefault(key, []).append(r)
     benches = [("heldout", "Held-out")] + list(paper.BENCHMARKS)
     header = ["Max response len", "Segments", "Model", "Source"] + [h for _, h in benches] + ["AVG", "Runs"]
     rows: list[list[Cell]] = []
@@ -515,7 +525,8 @@ def build_table3(store: RunStore, hints: dict[str, str], equal_samples: bool = T
     base_runs = [r for r in store.runs(kind="eval") if not r.parent_id and r.tags.get(schema.MODEL_TAG) == "embedded"]
     base_cells = []
     for b, _ in benches:
-        rs = [r for r in base_runs if r.tags.get(schema.BENCHMARK_TAG) == b and schema.eval_metric(b, "avg_at_k") in r.metrics]
+        rs = [r for r in base_runs
+              if r.tags.get(schema.BENCHMARK_TAG) == b and schema.eval_metric(b, "avg_at_k") in r.metrics]
         base_cells.append(_score_cell(rs[-1], b) if rs else Cell(NOT_RUN))
     base_ids = tuple(dict.fromkeys(rid for c in base_cells for rid in c.run_ids))
     rows.append([label(DASH), label(DASH), label("base (embedded, no RL)"), label("ours")] + base_cells
@@ -538,7 +549,8 @@ def build_table3(store: RunStore, hints: dict[str, str], equal_samples: bool = T
     for p in paper.TABLE3:
         rows.append(
             [label(p.max_response_len or DASH), label(p.segments or DASH), label(p.model), label("paper"), Cell(DASH),
-             Cell(_fmt(p.aime2025, 1), p.aime2025, note="paper"), Cell(_fmt(p.beyondaime, 1), p.beyondaime, note="paper"),
+             Cell(_fmt(p.aime2025, 1), p.aime2025, note="paper"),
+             Cell(_fmt(p.beyondaime, 1), p.beyondaime, note="paper"),
              Cell(_fmt(p.avg, 1), p.avg, note="paper"), label(DASH)]
         )
     notes = [
@@ -563,7 +575,8 @@ def build_table3(store: RunStore, hints: dict[str, str], equal_samples: bool = T
             "<bench> --k 32 --model runs:/<run_id>/checkpoints/final --parent-run-id <run_id>`; the base row with "
             "`ulorl-eval --benchmark <bench> --k 32` (embedded model)"
         )
-    return Table("table3", "Table 3: score by training output length (avg@k, %)", header, rows, n_label_cols=4, notes=notes)
+    return Table("table3", "Table 3: score by training output length (avg@k, %)", header, rows, n_label_cols=4,
+                 notes=notes)
 
 
 # ----------------------------------------------------------------------------- writers

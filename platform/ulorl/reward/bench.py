@@ -17,10 +17,10 @@ import json
 import random
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from ulorl.reward.scorer import RewardScorer
 from ulorl.reward.compare import parse_answer
+from ulorl.reward.scorer import RewardScorer
 from ulorl.reward.verify import compute_reward
 
 Item = tuple[str, str, bool]

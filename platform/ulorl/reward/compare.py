@@ -136,7 +136,7 @@ def parse_options(problem: Optional[str]) -> dict[str, str]:
     if len(chosen) < 2:
         return {}
     out = {}
-    for j, (start, end, letter) in enumerate(chosen):
+    for j, (_start, end, letter) in enumerate(chosen):
         stop = chosen[j + 1][0] if j + 1 < len(chosen) else len(text)
         body = text[end:stop].strip().strip("$").strip().rstrip(",;").strip()
         out[letter] = body

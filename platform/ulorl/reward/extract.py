@@ -79,7 +79,8 @@ def extract_last_boxed(text: str) -> Optional[str]:
 
 
 # Text allowed between two boxes of one final answer: separators, "and"/"or", spacing, delimiters.
-_BOX_GAP = re.compile(r"^(?:\s|[,;$.]|\\quad|\\qquad|\\[,;!]|\\[\[\]()]|\\text\s*\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*$")
+_BOX_GAP = re.compile(r"^(?:\s|[,;$.]|\\quad|\\qquad|\\[,;!]|\\[\[\]()]"
+                      r"|\\text\s*\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*$")
 _MAX_BOX_GAP = 60
 _ANSWER_MARK = re.compile(
     r"(?:final\s+answer|the\s+answer|^[ \t*#]*answer)\**\s*(?:is|would\s+be|should\s+be|[:=])?\s*:?\s*\**\s*",
@@ -90,7 +91,7 @@ _MAX_LONE_CHARS = 40
 _MAX_STATEMENT_CHARS = 200
 
 
-def _box_at(text: str, m: "re.Match[str]", limit: Optional[int] = None) -> tuple[int, Optional[str]]:
+def _box_at(text: str, m: re.Match[str], limit: Optional[int] = None) -> tuple[int, Optional[str]]:
     """(end, content) of the box command matched by ``m``; content None when it does not close
     (before ``limit``)."""
     rest = text[m.end():limit]
@@ -171,7 +172,8 @@ def extract_final_statement(text: str) -> Optional[str]:
     s = text.strip()
     if s:
         span = _math_span(s)
-        if span is not None and len(span) + 4 >= len(s) - 2 and (s.endswith("$") or s.endswith("\\)") or s.endswith("\\]")):
+        if span is not None and len(span) + 4 >= len(s) - 2 and (
+                s.endswith("$") or s.endswith("\\)") or s.endswith("\\]")):
             return span or None
         if "\n" not in s and len(s) <= _MAX_LONE_CHARS:
             return s.rstrip(".").strip() or None

@@ -12,7 +12,8 @@ give the same reply). Off when no judge model is configured (``judge_from_config
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, Optional
 
 from ulorl.rollout.types import Engine, GenerationRequest, SamplingParams
 

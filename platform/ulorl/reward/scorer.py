@@ -32,10 +32,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol, cast
 
 from ulorl.reward.compare import fast_verdict
 from ulorl.reward.extract import EXTRACTION_MODES, extract_answer
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 
 _PR_SET_PDEATHSIG = 1
 
@@ -60,10 +63,11 @@ def _worker_main(conn: Connection, die_with_parent: bool) -> None:
         try:
             from multiprocessing import forkserver
 
-            fd = forkserver._forkserver._forkserver_alive_fd
+            # a private CPython attribute, absent from typeshed's multiprocessing.forkserver stub
+            fd = forkserver._forkserver._forkserver_alive_fd  # type: ignore[attr-defined]
             if fd is not None:
                 os.close(fd)
-                forkserver._forkserver._forkserver_alive_fd = None
+                forkserver._forkserver._forkserver_alive_fd = None  # type: ignore[attr-defined]
         except (AttributeError, OSError):
             pass
         try:
@@ -161,7 +165,8 @@ class RewardScorer:
             raise ValueError("start_method 'fork' is unsafe with torch threads; use forkserver or spawn")
         self.startup_timeout_s = float(startup_timeout_s)
         self.max_start_failures = int(max_start_failures)
-        self._ctx = mp.get_context(self.start_method)
+        # typeshed types get_context(str) as BaseContext (no .Process); the object is a concrete context
+        self._ctx = cast("SpawnContext | ForkServerContext | ForkContext", mp.get_context(self.start_method))
         if self.start_method == "forkserver":
             # Each fork then starts with math-verify already imported (set before the server starts;
             # ignored if another library started the global fork server first).
@@ -172,7 +177,7 @@ class RewardScorer:
         self._closed = False
 
     @classmethod
-    def from_config(cls, cfg: Any, judge: Optional[Judge] = None) -> "RewardScorer":
+    def from_config(cls, cfg: Any, judge: Optional[Judge] = None) -> RewardScorer:
         """Build from a ``ulorl.config.RewardConfig`` (``timeout_s``, ``num_workers``, ``extraction``)."""
         return cls(timeout_s=cfg.timeout_s, num_workers=cfg.num_workers, judge=judge,
                    extraction=getattr(cfg, "extraction", "boxed"))
@@ -274,7 +279,7 @@ class RewardScorer:
                 self._stop(w, graceful=w.state == "idle")
             self._workers = []
 
-    def __enter__(self) -> "RewardScorer":
+    def __enter__(self) -> RewardScorer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

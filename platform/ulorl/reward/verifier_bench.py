@@ -125,7 +125,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     v.add_argument("--workers", type=int, default=1, help="scorer worker processes")
     v.add_argument("--timeout-s", type=float, default=5.0, help="time bound of one rule check")
     v.add_argument("--json", action="store_true",
-                   help="print one JSON object (n, agreement, false_positives, false_negatives, items_per_s, by_source, ...)")
+                   help="print one JSON object (n, agreement, false_positives, false_negatives, items_per_s, "
+                        "by_source, ...)")
     v.add_argument("--out", default=None, help="write per-row results (JSON lines) to this file")
     v.add_argument("--synthetic", action="store_true",
                    help="instead: per-item cost of the verifier on synthetic integer / symbolic items (no labels)")

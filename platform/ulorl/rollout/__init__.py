@@ -3,13 +3,7 @@
 Importing this package never imports torch or a model; engines live in ``ulorl.rollout.engines``.
 """
 
-from ulorl.rollout.pools import (
-    ExperiencePool,
-    PoolInvariantError,
-    RolloutPools,
-    UnfinishedPool,
-    termination_status,
-)
+from ulorl.rollout.pools import ExperiencePool, PoolInvariantError, RolloutPools, UnfinishedPool, termination_status
 from ulorl.rollout.scheduler import (
     PromptLike,
     PromptRequest,

@@ -35,8 +35,9 @@ import os
 import platform as _platform
 import statistics
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Optional
 
 from ulorl.rollout.prefix import adjacent_lcps
 from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler
@@ -60,7 +61,8 @@ class BenchConfig:
     warmup: Optional[int] = None      # warm-up steps per setting; None = S (fills the unfinished pool)
     device: str = "cpu"
     model: str = "embedded"
-    threads: Optional[int] = 1        # torch threads (1: on a shared 2-core box 2 threads thrash); None = torch's default
+    # torch threads (1: on a shared 2-core box 2 threads thrash); None = torch's default
+    threads: Optional[int] = 1
     temperature: float = 0.85
     top_p: float = 1.0
     top_k: int = -1

@@ -12,7 +12,7 @@ function to predict the engine's cost, so the two cannot drift apart.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 #: Boundary candidates beyond this many distinct lengths are quantised (keeps the DP small).
 MAX_BOUNDARY_CANDIDATES = 64

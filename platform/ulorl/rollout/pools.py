@@ -24,7 +24,8 @@ Everything here is plain Python; ``state_dict`` returns JSON-able data (``Sample
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any, Optional
 
 from ulorl.rollout.types import Sample, SampleStatus
 
@@ -67,7 +68,7 @@ class UnfinishedPool:
     """Samples still decoding, in admission order (sample_id -> Sample)."""
 
     def __init__(self) -> None:
-        self._samples: "OrderedDict[int, Sample]" = OrderedDict()
+        self._samples: OrderedDict[int, Sample] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._samples)

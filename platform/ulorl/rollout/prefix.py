@@ -15,8 +15,8 @@ prefill tokens with the same code:
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Hashable, Sequence
 
 __all__ = ["PrefixNode", "prefix_forest", "share_plan", "distinct_contexts", "prefill_tokens", "lcp",
            "adjacent_lcps", "sequences_with_lcps"]

@@ -27,8 +27,9 @@ Nothing here imports torch or a model: the engine is anything satisfying ``ulorl
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Optional, Protocol, runtime_checkable
 
 from ulorl.rollout.pools import GroupPredicate, PoolInvariantError, RolloutPools, termination_status
 from ulorl.rollout.types import (

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Protocol, runtime_checkable
 
 
-class SampleStatus(str, enum.Enum):
+class SampleStatus(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() / format() of a member
     DECODING = "decoding"        # in the unfinished pool, more segments to come
     FINISHED = "finished"        # EOS reached
     TRUNCATED = "truncated"      # global max length reached without EOS (reward 0)
@@ -79,7 +79,7 @@ class Sample:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Sample":
+    def from_dict(cls, d: dict[str, Any]) -> Sample:
         d = dict(d)
         d["status"] = SampleStatus(d["status"])
         d["segments"] = [SegmentSpan(**s) for s in d["segments"]]

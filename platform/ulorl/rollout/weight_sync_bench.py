@@ -32,8 +32,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -120,7 +121,7 @@ class PeakSampler:
             self._sample()
             time.sleep(self.interval_s)
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> PeakSampler:
         self._thread.start()
         return self
 
@@ -226,7 +227,8 @@ def run_weight_sync_bench(engine: str, size_mb: float, bucket_mb: float, *, samp
             eng = VLLMEngine(d, eos_token_id=1, dtype="float32", max_model_len=256, cpu_kvcache_space_gib=kv_gib,
                              weight_sync_bucket_mb=bucket_mb, weight_sync_transport=transport)
             try:
-                progress(f"engine up in {eng.startup_s:.1f} s; processes {[process_name(p) for p in descendants(os.getpid())]}")
+                progress(f"engine up in {eng.startup_s:.1f} s; "
+                         f"processes {[process_name(p) for p in descendants(os.getpid())]}")
                 trim = lambda: eng.llm.collective_rpc(TRIM_METHOD)  # noqa: E731
                 res = _measure("bucketed", lambda: eng.update_weights_streamed(state.items(), 1), trim, nbytes,
                                sample_ms / 1000, lambda: eng.last_update_messages, bound_mb)
@@ -242,9 +244,9 @@ def run_weight_sync_bench(engine: str, size_mb: float, bucket_mb: float, *, samp
             from ulorl.rollout.engines.hf import HFEngine
 
             new = {k: v + 1e-3 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
-            eng = HFEngine(model, eos_token_id=1, pad_token_id=2)
-            res = _measure("in-process", lambda: eng.update_weights(new, 1), lambda: None, nbytes, sample_ms / 1000,
-                           lambda: 0, None)
+            hf_eng = HFEngine(model, eos_token_id=1, pad_token_id=2)
+            res = _measure("in-process", lambda: hf_eng.update_weights(new, 1), lambda: None, nbytes,
+                           sample_ms / 1000, lambda: 0, None)
             out["results"].append(asdict(res))
         else:
             raise ValueError(f"--engine must be hf or vllm, got {engine!r}")
@@ -254,7 +256,8 @@ def run_weight_sync_bench(engine: str, size_mb: float, bucket_mb: float, *, samp
 def format_weight_sync(out: dict[str, Any]) -> str:
     lines = [f"weight sync, engine {out['engine']}: model {out['size_mb']:.0f} MiB float32 ({out['layers']} layers), "
              f"bucket {out['bucket_mb']:g} MiB ({out['transport']}); peak extra RSS per process (MiB)"]
-    lines.append(f"{'path':<11} {'s':>7} {'s/GB':>7} {'msgs':>5} {'trainer':>8}  engine processes{'':<28} {'shm':>6}  bound")
+    lines.append(f"{'path':<11} {'s':>7} {'s/GB':>7} {'msgs':>5} {'trainer':>8}  "
+                 f"engine processes{'':<28} {'shm':>6}  bound")
     for r in out["results"]:
         eng = ", ".join(f"{k} {v:.0f}" for k, v in r["engine_extra_mb"].items()) or "-"
         bound = "-" if r["bound_mb"] is None else f"<= {r['bound_mb']:.0f}: {'ok' if r['within_bound'] else 'EXCEEDED'}"
@@ -266,7 +269,8 @@ def format_weight_sync(out: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- CLI
 def add_weight_sync_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``weight-sync`` on ``ulorl-bench``'s subparsers."""
-    w = sub.add_parser("weight-sync", help="seconds per GB and peak extra memory of one weight sync: bucketed vs monolithic",
+    w = sub.add_parser("weight-sync",
+                       help="seconds per GB and peak extra memory of one weight sync: bucketed vs monolithic",
                        description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     w.add_argument("--engine", default="vllm", choices=["hf", "vllm"], help="engine to sync into (vllm: side venv)")

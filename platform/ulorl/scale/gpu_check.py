@@ -45,8 +45,12 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STAGES: tuple[str, ...] = ("env", "model", "hf_engine", "zero2", "zero3", "long_rows", "vllm", "vllm_moe",
                            "trainer", "ray")
@@ -231,7 +235,7 @@ def _zero_stage(ctx: StageContext, stage: int) -> dict[str, Any]:
     ckpt_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     export_dir = ctx.work / f"export_zero{stage}"
-    backend.rollout_model.save_pretrained(export_dir, safe_serialization=True)
+    cast("PreTrainedModel", backend.rollout_model).save_pretrained(export_dir, safe_serialization=True)
     export_s = time.perf_counter() - t0
     reloaded, _ = load_policy(str(export_dir), device="cpu")
     exported = {k: v.float() for k, v in reloaded.state_dict().items()}
@@ -282,7 +286,8 @@ def stage_long_rows(ctx: StageContext) -> dict[str, Any]:
             peak = torch.cuda.max_memory_allocated(ctx.device) / 2**30 if ctx.on_cuda else float("nan")
             peaks[layers] = peak
             out[f"seq_{seq}_layers_{layers}"] = {"peak_gib": round(peak, 3), "s": round(time.perf_counter() - t0, 2),
-                                                 "result": res if isinstance(res, (dict, int, float, str)) else str(res)}
+                                                 "result": res if isinstance(res, (dict, int, float, str))
+                                                 else str(res)}
         per_layer = peaks[2] - peaks[1]
         out[f"seq_{seq}_full_depth_peak_gib"] = round(peaks[1] + per_layer * (QWEN3_4B["layers"] - 1), 2)
     return out
@@ -349,11 +354,12 @@ def stage_vllm(ctx: StageContext) -> dict[str, Any]:
         eng.close()
     # weight sync at a multi-GB size: a Qwen3 with 16 layers of width 2048 (~1.1 B params, ~2.2 GB bf16)
     big_dir = ctx.work / "qwen3_2gb"
-    cfg = Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=16 if ctx.on_cuda else 1,
+    cfg = Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                      num_hidden_layers=16 if ctx.on_cuda else 1,
                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                      max_position_embeddings=2048, torch_dtype="bfloat16")
+                      max_position_embeddings=2048, dtype="bfloat16")
     with torch.device(ctx.device):
-        big = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+        big = Qwen3ForCausalLM(cfg).to(torch.bfloat16)  # type: ignore[arg-type]  # transformers mistypes .to
     big.save_pretrained(big_dir, safe_serialization=True)
     sd = {k: v.detach() for k, v in big.state_dict().items()}
     out["sync_gb"] = round(sum(v.numel() * v.element_size() for v in sd.values()) / 1e9, 2)
@@ -378,7 +384,7 @@ def stage_vllm_moe(ctx: StageContext) -> dict[str, Any]:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,  # type: ignore[call-arg]  # an extra attribute
                          num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=1024,
                          eos_token_id=2, tie_word_embeddings=False)
     torch.manual_seed(0)
@@ -422,6 +428,8 @@ def stage_trainer(ctx: StageContext) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     if res.steps != ctx.steps:
         raise RuntimeError(f"trainer stopped after {res.steps} of {ctx.steps} steps")
+    if res.run_id is None:
+        raise RuntimeError("the trainer logged no MLflow run")
     run = MlflowClient(uri).get_run(res.run_id)
     if run.info.status != "FINISHED":
         raise RuntimeError(f"MLflow run {res.run_id} is {run.info.status}")
@@ -509,7 +517,8 @@ def run_child(name: str, work: Path, args: argparse.Namespace, limit_s: float) -
                 "error": f"time limit: stopped after {limit_s:.0f} s", "log_tail": (log or "")[-1500:]}
     if not result.is_file():
         return {"stage": name, "status": "fail", "seconds": round(time.perf_counter() - t0, 3),
-                "error": f"stage process exited with {proc.returncode} without a result", "log_tail": (log or "")[-1500:]}
+                "error": f"stage process exited with {proc.returncode} without a result",
+                "log_tail": (log or "")[-1500:]}
     rec = json.loads(result.read_text())
     if rec["status"] == "fail":
         rec["log_tail"] = (log or "")[-1500:]
@@ -520,7 +529,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ulorl.scale.gpu_check", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.split("\n")[1:]))
-    ap.add_argument("--out", type=Path, help="write the report (every stage with its status and numbers) to this JSON file")
+    ap.add_argument("--out", type=Path,
+                    help="write the report (every stage with its status and numbers) to this JSON file")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (to test this script on a CPU machine)")
     ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
@@ -558,7 +568,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         for name in wanted:
             missing = [m for m in OPTIONAL.get(name, ()) if not _present(m)]
-            failed = [n for n in NEEDS.get(name, ()) if not any(s["stage"] == n and s["status"] == "pass" for s in stages)]
+            failed = [n for n in NEEDS.get(name, ())
+                      if not any(s["stage"] == n and s["status"] == "pass" for s in stages)]
             left = args.budget_s - (time.perf_counter() - t_start)
             if missing:
                 rec = _skip(name, f"{', '.join(missing)} not installed")

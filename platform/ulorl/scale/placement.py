@@ -35,9 +35,10 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
     from ulorl.config import ExperimentConfig
@@ -70,7 +71,7 @@ def _bundle(cpus: float, gpus: float) -> dict[str, float]:
     return b
 
 
-def placement_bundles(cfg: "ExperimentConfig") -> list[dict[str, float]]:
+def placement_bundles(cfg: ExperimentConfig) -> list[dict[str, float]]:
     """Trainer-worker bundles then engine bundles, from ``cfg.resources``."""
     r = cfg.resources
     return [_bundle(r.cpus_per_trainer_worker, r.gpus_per_trainer_worker)] * r.trainer_workers + [
@@ -78,11 +79,11 @@ def placement_bundles(cfg: "ExperimentConfig") -> list[dict[str, float]]:
     ] * r.rollout_engines
 
 
-def placement_strategy(cfg: "ExperimentConfig") -> str:
+def placement_strategy(cfg: ExperimentConfig) -> str:
     return "STRICT_PACK" if cfg.resources.nodes == 1 else "PACK"
 
 
-def tune_resources(cfg: "ExperimentConfig", trial_cpus: float = 0.01) -> Any:
+def tune_resources(cfg: ExperimentConfig, trial_cpus: float = 0.01) -> Any:
     """``tune.PlacementGroupFactory`` for a trial that calls ``run_placement``: the trial's own small
     bundle first, then ``placement_bundles(cfg)``."""
     from ray.tune import PlacementGroupFactory
@@ -106,13 +107,13 @@ def check_fits(bundles: list[dict[str, float]], strategy: str, cluster: dict[str
     return None
 
 
-def bundle_roles(cfg: "ExperimentConfig") -> list[str]:
+def bundle_roles(cfg: ExperimentConfig) -> list[str]:
     """``trainer.<i>`` then ``engine.<j>``: the role of each of ``placement_bundles(cfg)``."""
     r = cfg.resources
     return [f"trainer.{i}" for i in range(r.trainer_workers)] + [f"engine.{j}" for j in range(r.rollout_engines)]
 
 
-def node_shape(cfg: "ExperimentConfig") -> dict[str, float]:
+def node_shape(cfg: ExperimentConfig) -> dict[str, float]:
     """The declared per-node resources (``gpus_per_node`` / ``cpus_per_node``; empty when undeclared)."""
     r = cfg.resources
     shape = {}
@@ -127,7 +128,7 @@ def _fits(bundle: dict[str, float], free: dict[str, float]) -> bool:
     return all(bundle.get(k, 0.0) <= free.get(k, 0.0) + 1e-9 for k in bundle if k in free)
 
 
-def node_layout(cfg: "ExperimentConfig") -> dict[str, Any]:
+def node_layout(cfg: ExperimentConfig) -> dict[str, Any]:
     """Where the bundles go on ``resources.nodes`` nodes of the declared shape (pure, for ``--dry-run``).
 
     Bundles are taken in order (trainer workers, then engines) and each goes to the first node with
@@ -183,7 +184,8 @@ def check_nodes_hold(bundles: list[dict[str, float]], roles: list[str], strategy
 
     largest = max(nodes, key=size)
     big = {k: largest["resources"].get(k, 0.0) for k in ("CPU", "GPU")}
-    where = f"the largest node ({largest['ip']}, node id {largest['node_id'][:12]}) has {big['CPU']:g} CPU, {big['GPU']:g} GPU"
+    where = (f"the largest node ({largest['ip']}, node id {largest['node_id'][:12]}) has "
+             f"{big['CPU']:g} CPU, {big['GPU']:g} GPU")
     if strategy == "STRICT_PACK":
         total = {k: sum(b.get(k, 0.0) for b in bundles) for k in ("CPU", "GPU")}
         if not any(_fits(total, {k: n["resources"].get(k, 0.0) for k in ("CPU", "GPU")}) for n in nodes):
@@ -200,7 +202,7 @@ def check_nodes_hold(bundles: list[dict[str, float]], roles: list[str], strategy
     return None
 
 
-def validate_layout(cfg: "ExperimentConfig") -> None:
+def validate_layout(cfg: ExperimentConfig) -> None:
     r = cfg.resources
     if r.trainer_workers > 1 and cfg.train.backend != "deepspeed":
         raise PlacementError(
@@ -341,7 +343,7 @@ class TrainerActor:
 # ----------------------------------------------------------------------------- MLflow params
 
 
-def placement_params(cfg: "ExperimentConfig", address: str, strategy: str, bundles: list[dict[str, float]],
+def placement_params(cfg: ExperimentConfig, address: str, strategy: str, bundles: list[dict[str, float]],
                      trainer_info: list[dict[str, Any]], engine_info: list[dict[str, Any]],
                      cluster: dict[str, float]) -> dict[str, str]:
     """The ``placement.*`` params of a run (strings, as MLflow stores them)."""
@@ -415,7 +417,7 @@ def _current_trial_pg(n_bundles: int) -> Any:
 
 
 def run_placement(
-    cfg: "ExperimentConfig",
+    cfg: ExperimentConfig,
     *,
     address: Optional[str] = None,
     run_dir: Optional[str | Path] = None,
@@ -465,18 +467,21 @@ def run_placement(
             own_pg = pg = placement_group(bundles, strategy=strategy, name=f"ulorl-{cfg.name}-{os.getpid()}")
             ready, _ = ray.wait([pg.ready()], timeout=PG_READY_TIMEOUT_S)
             if not ready:
-                raise PlacementError(f"placement group {bundles} ({strategy}) not ready after {PG_READY_TIMEOUT_S:.0f}s")
+                raise PlacementError(f"placement group {bundles} ({strategy}) not ready after "
+                                     f"{PG_READY_TIMEOUT_S:.0f}s")
 
         def opts(i: int) -> dict[str, Any]:
             b = bundles[i]
             return {"num_cpus": b["CPU"], "num_gpus": b.get("GPU", 0.0),
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=offset + i)}
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        pg, placement_group_bundle_index=offset + i)}
 
         engine_cls = ray.remote(EngineActor)
         trainer_cls = ray.remote(TrainerActor)
-        engines = [engine_cls.options(**opts(n + j)).remote(cfg_dict, actor_threads(r.cpus_per_engine))
+        # Any: Ray types an actor handle's methods as plain callables, without their .remote
+        engines: list[Any] = [engine_cls.options(**opts(n + j)).remote(cfg_dict, actor_threads(r.cpus_per_engine))
                    for j in range(m)]
-        workers = [trainer_cls.options(**opts(i)).remote() for i in range(n)]
+        workers: list[Any] = [trainer_cls.options(**opts(i)).remote() for i in range(n)]
         actors = engines + workers
         trainer_info = ray.get([w.info.remote() for w in workers])
         engine_info = ray.get([e.info.remote() for e in engines])
@@ -544,7 +549,7 @@ def run_placement(
             ray.shutdown()
 
 
-def run_with_placement(cfg: "ExperimentConfig", args: Any) -> int:
+def run_with_placement(cfg: ExperimentConfig, args: Any) -> int:
     """``ulorl-train EXP.yaml --ray [--address ADDR]``: exit status 0, 2 (bad input/placement), 130."""
     from ulorl.config import ConfigError
 

@@ -12,6 +12,7 @@ the same script can measure another checkout (``PYTHONPATH=<checkout>/platform``
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import tempfile
@@ -50,7 +51,7 @@ def main() -> None:
     try:
         from ulorl.train.worker import worker_loop
     except ImportError:  # a checkout from before train/worker.py
-        from ulorl.train.distributed import worker_loop
+        worker_loop = importlib.import_module("ulorl.train.distributed").worker_loop
 
     rank = int(os.environ["RANK"])
     model_dir = Path(tempfile.gettempdir()) / f"ulorl-traffic-model-{os.environ.get('MASTER_PORT', '0')}"
@@ -74,11 +75,14 @@ def main() -> None:
     backend = DeepSpeedBackend(model, cfg.train)
     vocab = model.config.vocab_size
     box: dict[str, int] = {}
+    if backend.data_parallel is None:
+        raise RuntimeError("the traffic bench needs 2 ranks (python -m torch.distributed.run --nproc_per_node=2)")
     grp = backend.data_parallel.group
-    for mod in (c10d, torch.distributed):  # object-list broadcasts call c10d's, the code calls torch.distributed's
-        mod.broadcast = _counting(c10d.broadcast if mod is c10d else torch.distributed.broadcast, box, "broadcast", grp)
-        mod.all_reduce = _counting(c10d.all_reduce if mod is c10d else torch.distributed.all_reduce, box,
-                                   "all_reduce", grp)
+    # object-list broadcasts call c10d's, the code calls torch.distributed's
+    c10d.broadcast = _counting(c10d.broadcast, box, "broadcast", grp)
+    c10d.all_reduce = _counting(c10d.all_reduce, box, "all_reduce", grp)
+    torch.distributed.broadcast = _counting(torch.distributed.broadcast, box, "broadcast", grp)
+    torch.distributed.all_reduce = _counting(torch.distributed.all_reduce, box, "all_reduce", grp)
     device = torch.device("cpu")
     if rank != 0:
         worker_loop(backend, cfg, tok.pad_token_id, device)

@@ -111,7 +111,8 @@ def build(venv: Path, repo: Path, python: str = sys.executable, force: bool = Fa
         steps[name] = round(time.perf_counter() - t0, 1)
     versions = check(venv)
     if versions is None:
-        raise RuntimeError(f"{venv} was built but `import vllm, ulorl` fails there; run {venv}/bin/python -c 'import vllm'")
+        raise RuntimeError(f"{venv} was built but `import vllm, ulorl` fails there; "
+                           f"run {venv}/bin/python -c 'import vllm'")
     out = {"venv": str(venv), "built": True, "versions": versions, "steps_s": steps,
            "total_s": round(time.perf_counter() - t_all, 1), "size_gb": round(_du(venv) / 1e9, 2)}
     _log(f"done in {out['total_s']} s, {out['size_gb']} GB: {versions}")

@@ -132,22 +132,28 @@ def _restore_tune_checkpoint(checkpoint: Any, run_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------- driver side
+def _trial_errors(grid: Any) -> list[str]:
+    """The errors of a Tune ``ResultGrid``'s failed trials (indexable; typed without ``__iter__``)."""
+    return [str(grid[i].error) for i in range(len(grid)) if grid[i].error is not None]
+
+
 def _search_space(spec: SweepSpec) -> dict[str, Any]:
     from ray import tune
 
     out: dict[str, Any] = {}
-    for key, dim in spec.space.items():
-        k = dim.kind
-        if k == "choice":
+    for key, dim in spec.space.items():   # exactly one range is set (Dimension's validator)
+        if dim.choice is not None:
             out[key] = tune.choice(dim.choice)
-        elif k == "grid":
+        elif dim.grid is not None:
             out[key] = tune.grid_search(dim.grid)
-        elif k == "uniform":
+        elif dim.uniform is not None:
             out[key] = tune.uniform(*dim.uniform)
-        elif k == "loguniform":
+        elif dim.loguniform is not None:
             out[key] = tune.loguniform(*dim.loguniform)
-        else:
+        elif dim.randint is not None:
             out[key] = tune.randint(dim.randint[0], dim.randint[1] + 1)
+        else:
+            raise SweepError(f"space.{key}: no range given")
     return out
 
 
@@ -195,7 +201,8 @@ class SweepRunner:
         state_path = self.sweep_dir / STATE_FILE
         if self.resume:
             if not state_path.is_file():
-                raise FileNotFoundError(f"--resume: no sweep state at {state_path}; run the sweep without --resume first")
+                raise FileNotFoundError(f"--resume: no sweep state at {state_path}; "
+                                        "run the sweep without --resume first")
             state = json.loads(state_path.read_text())
             RunTracker.resume(self.tracking_uri, state["parent_run_id"])
             return state["parent_run_id"]
@@ -205,12 +212,14 @@ class SweepRunner:
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
         base_cfg = config_from_dict(self.base, str(self.base_path))
         experiment = self.spec.experiment or base_cfg.tracking.experiment
-        space_params = {f"space.{k}": json.dumps(d.model_dump(exclude_none=True)) for k, d in self.spec.space.items()}
+        space_params: dict[str, Any] = {f"space.{k}": json.dumps(d.model_dump(exclude_none=True))
+                                        for k, d in self.spec.space.items()}
         space_params.update({f"fixed.{k}": v for k, v in self.spec.overrides.items()})
         space_params.update({"sweep.metric": self.spec.metric, "sweep.mode": self.spec.mode,
                              "sweep.num_samples": self.spec.num_samples, "sweep.search": self.spec.search.algorithm,
                              "sweep.max_concurrent": self.spec.max_concurrent,
-                             "sweep.resources.cpu": self.spec.resources.cpu, "sweep.resources.gpu": self.spec.resources.gpu})
+                             "sweep.resources.cpu": self.spec.resources.cpu,
+                             "sweep.resources.gpu": self.spec.resources.gpu})
         if self._server is not None:
             space_params["sweep.tracking_server"] = self._server.uri
             space_params["sweep.tracking_auth"] = "basic" if self._server.auth else "none"
@@ -313,10 +322,10 @@ class SweepRunner:
             else:
                 tuner = self._new_tuner(trainable, meta, storage)
             results = tuner.fit()
-            errors = [str(r.error) for r in results if r.error is not None]
+            errors = _trial_errors(results)
             if self.spec.baseline is not None:
                 extra = tune.Tuner(trainable, **self._extra_tuner_kwargs(results))
-                errors += [str(r.error) for r in extra.fit() if r.error is not None]
+                errors += _trial_errors(extra.fit())
             ray.shutdown()
             summary = self._finish(parent)
         finally:

@@ -21,13 +21,20 @@ directory instead).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ulorl.config import ExperimentConfig
 from ulorl.scale.placement import (
-    PlacementError, bundle_roles, check_nodes_hold, cluster_nodes, placement_bundles, placement_strategy,
-    run_placement, tune_resources,
+    PlacementError,
+    bundle_roles,
+    check_nodes_hold,
+    cluster_nodes,
+    placement_bundles,
+    placement_strategy,
+    run_placement,
+    tune_resources,
 )
 
 log = logging.getLogger("ulorl.sweep.placed")

@@ -19,9 +19,10 @@ import io
 import shlex
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
@@ -127,7 +128,7 @@ def ranking_rows(trials: Sequence[Trial], mode: str = "max") -> list[dict[str, A
     for i, t in enumerate(search + others, 1):
         avg, lo, hi = score_interval(t.scores)
         base = baseline_for(t, trials)
-        d = (None, None, None)
+        d: tuple[Optional[float], Optional[float], Optional[float]] = (None, None, None)
         if base is not None and base.run_id != t.run_id and t.scores:
             a, b = common_scores(t.scores, base.scores)
             if a:
@@ -147,10 +148,10 @@ def ranking_rows(trials: Sequence[Trial], mode: str = "max") -> list[dict[str, A
 def best_index(objectives: Sequence[Optional[float]], trial_ids: Sequence[str], mode: str = "max") -> Optional[int]:
     """Index of the best trial: best objective, ties broken by the smaller trial id."""
     sign = -1.0 if mode == "max" else 1.0
-    valid = [i for i, v in enumerate(objectives) if v is not None and np.isfinite(v)]
+    valid = [(i, float(v)) for i, v in enumerate(objectives) if v is not None and np.isfinite(v)]
     if not valid:
         return None
-    return min(valid, key=lambda i: (sign * float(objectives[i]), trial_ids[i]))
+    return min(valid, key=lambda iv: (sign * iv[1], trial_ids[iv[0]]))[0]
 
 
 @dataclass
@@ -174,7 +175,7 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
         return Verdict("verdict: no baseline with held-out results to compare against", None, [], None)
     best = next(t for t in trials if t.run_id == search[0]["run_id"])
     same_config = [best] + [t for t in trials if t.role == ROLE_RERUN]
-    per_seed = []
+    per_seed: list[dict[str, Any]] = []
     for t in sorted(same_config, key=lambda t: t.seed_offset):
         base = bases.get(t.seed_offset)
         if base is None or not t.scores:
@@ -188,7 +189,8 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
         spread = max(means) - min(means)
     if not per_seed:
         return Verdict("verdict: the best trial has no held-out results paired with a baseline", None, [], spread)
-    seeds = ", ".join(f"seed+{p['seed_offset']}: {p['diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}]" for p in per_seed)
+    seeds = ", ".join(f"seed+{p['seed_offset']}: {p['diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}]"
+                      for p in per_seed)
     n = len(per_seed)
     if all(p["low"] > 0 for p in per_seed):
         word, beats = f"BEATS the baseline on all {n} seed(s)", True
@@ -348,7 +350,8 @@ def print_summary(summary: dict[str, Any], spec: Any, file: Any = None) -> None:
     for r in rows:
         ci = f"{_fmt(r['heldout_avg'])} [{_fmt(r['heldout_ci_low'])}, {_fmt(r['heldout_ci_high'])}]"
         diff = ("(baseline)" if r["role"] == ROLE_BASELINE else
-                f"{_fmt(r['diff_vs_baseline'], True)} [{_fmt(r['diff_ci_low'], True)}, {_fmt(r['diff_ci_high'], True)}]")
+                f"{_fmt(r['diff_vs_baseline'], True)} "
+                f"[{_fmt(r['diff_ci_low'], True)}, {_fmt(r['diff_ci_high'], True)}]")
         role = r["role"] + (f" seed+{r['seed_offset']}" if r["seed_offset"] else "")
         table.add_row(_fmt(r["rank"]), r["run_name"], role, r["status"], ci, diff)
     console = Console(file=out, width=None if getattr(out, "isatty", lambda: False)() else 200)

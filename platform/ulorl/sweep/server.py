@@ -166,7 +166,7 @@ class MlflowServer:
             shutil.rmtree(self._auth_dir, ignore_errors=True)
             self._auth_dir = None
 
-    def __enter__(self) -> "MlflowServer":
+    def __enter__(self) -> MlflowServer:
         self.start()
         return self
 

@@ -53,10 +53,11 @@ class Dim(_S):
     randint: Optional[tuple[int, int]] = Field(None, description="integers in [low, high] inclusive")
 
     @model_validator(mode="after")
-    def _one(self) -> "Dim":
+    def _one(self) -> Dim:
         set_ = [k for k in ("choice", "grid", "uniform", "loguniform", "randint") if getattr(self, k) is not None]
         if len(set_) != 1:
-            raise ValueError(f"give exactly one of choice / grid / uniform / loguniform / randint, got {set_ or 'none'}")
+            raise ValueError("give exactly one of choice / grid / uniform / loguniform / randint, "
+                             f"got {set_ or 'none'}")
         kind = set_[0]
         if kind in ("choice", "grid") and not getattr(self, kind):
             raise ValueError(f"{kind} needs at least one value")
@@ -140,7 +141,7 @@ class SweepSpec(_S):
     baseline: Optional[Baseline] = Field(None, description="extra trial(s) every search trial is compared with")
 
     @model_validator(mode="after")
-    def _checks(self) -> "SweepSpec":
+    def _checks(self) -> SweepSpec:
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
         modes = self.mode if isinstance(self.mode, list) else [self.mode]
         if len(metrics) != len(modes):
@@ -163,7 +164,7 @@ class SweepSpec(_S):
 
     @property
     def modes(self) -> list[str]:
-        return self.mode if isinstance(self.mode, list) else [self.mode]
+        return list(self.mode) if isinstance(self.mode, list) else [self.mode]
 
 
 def _errors(err: ValidationError, source: str) -> str:
@@ -272,10 +273,11 @@ def grid_trials(spec: SweepSpec) -> list[dict[str, Any]]:
     if any(v is None for v in values):
         bad = keys[values.index(None)]
         raise SweepError(f"space.{bad}: continuous ranges need search.algorithm: optuna")
+    grid = [v for v in values if v is not None]   # all of them (checked above)
     variants = spec.variants or [Variant(name="")]
     out = []
     for var in variants:
-        for combo in itertools.product(*values) if keys else [()]:
+        for combo in itertools.product(*grid) if keys else [()]:
             for rep in range(spec.repeats):
                 out.append({"variant": var.name, "overrides": {**var.overrides, **dict(zip(keys, combo))},
                             "tags": dict(var.tags), "repeat": rep})

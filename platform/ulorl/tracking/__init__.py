@@ -2,7 +2,8 @@
 
 from ulorl.tracking.uri import absolutize_uri, artifact_root_for, default_tracking_uri, resolve_tracking_uri
 
-__all__ = ["absolutize_uri", "artifact_root_for", "default_tracking_uri", "require_store_folder", "resolve_tracking_uri"]
+__all__ = ["absolutize_uri", "artifact_root_for", "default_tracking_uri", "require_store_folder",
+           "resolve_tracking_uri"]
 
 
 def require_store_folder(uri: str) -> None:

@@ -90,7 +90,7 @@ class RunTracker:
         params: dict[str, Any],
         tags: dict[str, str],
         parent_run_id: Optional[str] = None,
-    ) -> "RunTracker":
+    ) -> RunTracker:
         client = MlflowClient(tracking_uri=uri)
         exp_id = get_or_create_experiment(client, experiment, uri)
         all_tags = {**hardware_tags(), "ulorl.git_commit": git_commit(), **tags}
@@ -102,7 +102,7 @@ class RunTracker:
         return tracker
 
     @classmethod
-    def resume(cls, uri: str, run_id: str) -> "RunTracker":
+    def resume(cls, uri: str, run_id: str) -> RunTracker:
         client = MlflowClient(tracking_uri=uri)
         client.update_run(run_id, status="RUNNING")
         return cls(client, run_id)

@@ -55,7 +55,7 @@ class TorchBackend:
         self.optimizer = torch.optim.AdamW(
             self.masters if self.masters is not None else self.params,
             lr=cfg.lr,
-            betas=tuple(cfg.betas),
+            betas=(cfg.betas[0], cfg.betas[1]),
             weight_decay=cfg.weight_decay,
         )
 

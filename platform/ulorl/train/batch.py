@@ -35,7 +35,7 @@ class TrainBatch:
     def num_response_tokens(self) -> int:
         return int(self.response_mask.sum().item())
 
-    def rows(self, index: list[int]) -> "TrainBatch":
+    def rows(self, index: list[int]) -> TrainBatch:
         """Sub-batch of rows ``index`` trimmed to its own longest sequence."""
         idx = torch.tensor(index, dtype=torch.long)
         length = max(self.prompt_lens[i] + self.response_lens[i] for i in index)

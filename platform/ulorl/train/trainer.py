@@ -17,9 +17,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import torch
 
@@ -33,21 +34,23 @@ from ulorl.rollout.pools import has_mixed_rewards
 from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler
 from ulorl.rollout.types import Sample, SamplingParams
 from ulorl.rollout.weight_sync import push_weights
-from ulorl.tracking import resolve_tracking_uri
+from ulorl.tracking import resolve_tracking_uri, schema
 from ulorl.tracking.run import RunTracker
-from ulorl.tracking import schema
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
-from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.cohorts import CohortRewards
 from ulorl.train.deepspeed_backend import DeepSpeedBackend, is_partitioned
 from ulorl.train.distributed import dist_env, launch_role
 from ulorl.train.fill import merge_round_metrics
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
+from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
 from ulorl.train.worker import (load_model, load_train_model, pad_token_id, rollout_copy_needed, run_worker_rank,
                                 seed_everything, set_threads)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger("ulorl.train")
 
@@ -201,7 +204,7 @@ class Trainer:
         self.pad_id = pad_token_id(tokenizer)
         self.backend: TrainBackend = self._make_backend(model)
         # deepspeed: backend.model is the DeepSpeed engine; rollouts/checkpoints use the plain module
-        self.model = getattr(self.backend, "rollout_model", self.backend.model)
+        self.model = cast("PreTrainedModel", getattr(self.backend, "rollout_model", self.backend.model))
         self.engine = (self.engine_factory or make_engine)(engine_rollout_config(cfg), self.model, tokenizer)
         def load_judge_engine(name: str) -> tuple[Any, Any]:
             jm, jt = load_model(cfg, self.device, name_or_path=name, rope_scaling=False)
@@ -234,7 +237,10 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.tracker: Optional[RunTracker] = None
         if self.resume_dir is not None:
-            self._load(ckpt_io.latest_checkpoint(self.resume_dir))
+            ckpt = ckpt_io.latest_checkpoint(self.resume_dir)
+            if ckpt is None:   # find_resume_dir checked that one exists
+                raise FileNotFoundError(f"--resume: no checkpoint under {self.resume_dir}")
+            self._load(ckpt)
         if self.backend.is_main_process:
             self._start_tracking()
         self._t_start = time.perf_counter() - self.wall_s
@@ -445,7 +451,7 @@ class Trainer:
         t1 = time.perf_counter()
         update = None
         if samples and getattr(self.engine, "colocate", False):
-            self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
+            cast(Any, self.engine).sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
         if samples:
             update = policy_update(
                 samples, self.backend, cfg.algo, cfg.train, cfg.rollout.temperature, self.pad_id, self.device
@@ -468,7 +474,7 @@ class Trainer:
                     log.warning("step %d: %s", self.step, reason)
             metrics[schema.SKIPPED_METRIC] = 1.0
             if getattr(self.engine, "asleep", False):
-                self.engine.wake()
+                cast(Any, self.engine).wake()   # sleep / wake: the colocated vLLM engine's, not the Engine protocol's
         metrics["train/policy_version"] = float(self.policy_version)
         if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
             t_e = time.perf_counter()
@@ -547,7 +553,8 @@ class Trainer:
 
     def _log_samples(self, update: Any) -> None:
         tc = self.cfg.tracking
-        if update is None or not update.updated or tc.samples_per_log == 0 or self.step % tc.sample_every:
+        if self.tracker is None or update is None or not update.updated or tc.samples_per_log == 0 \
+                or self.step % tc.sample_every:
             return
         batch = update.batch
         lines = []

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from ulorl.dashboard import cache, render as html_render, ui
+from ulorl.dashboard import cache, ui
+from ulorl.dashboard import render as html_render
 
 MAX_SAMPLES_SHOWN = 16
 

@@ -221,7 +221,8 @@ def render() -> None:
     with st.expander("Trials"):
         trials = trials.assign(run=frames.label_series(trials))
         role = f"tags.{schema.ROLE_TAG}"
-        cols = ["run", "run_id", "status"] + ([role] if role in trials else []) + [frames.param_col(p) for p in params] + [objective]
+        cols = (["run", "run_id", "status"] + ([role] if role in trials else [])
+                + [frames.param_col(p) for p in params] + [objective])
         st.dataframe(trials[[c for c in cols if c in trials]], hide_index=True, key="sweep_trials")
 
 

@@ -65,8 +65,9 @@ def unsupported_reason(model) -> Optional[str]:
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
         return "no .model.layers / .lm_head"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"hidden_act {cfg.hidden_act!r}"
+    hidden_act = getattr(cfg, "hidden_act", "silu")
+    if hidden_act != "silu":
+        return f"hidden_act {hidden_act!r}"
     layer_types = getattr(cfg, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
         return "sliding-window layers"
@@ -107,8 +108,11 @@ class FastCausalLM:
     def pack(self) -> None:
         """(Re)read the model's weights (after a weight update)."""
 
-        def t(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-            return None if x is None else x.detach().to(self.device, self.dtype).contiguous()
+        def t(x: torch.Tensor) -> torch.Tensor:
+            return x.detach().to(self.device, self.dtype).contiguous()
+
+        def t_opt(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+            return None if x is None else t(x)
 
         m = self.model
         layers = []
@@ -135,16 +139,16 @@ class FastCausalLM:
                     bqkv=bqkv,
                     qkn=qkn,
                     wo=t(a.o_proj.weight),
-                    bo=t(getattr(a.o_proj, "bias", None)),
+                    bo=t_opt(getattr(a.o_proj, "bias", None)),
                     wgu=t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).float() * g2),
                     bgu=t(torch.cat([bg, bu])) if bg is not None and bu is not None else None,
                     wd=t(mlp.down_proj.weight),
-                    bd=t(getattr(mlp.down_proj, "bias", None)),
+                    bd=t_opt(getattr(mlp.down_proj, "bias", None)),
                 ))
             self.layers = layers
             self.emb = t(m.model.embed_tokens.weight)
             self.lm = t(m.lm_head.weight.float() * m.model.norm.weight.float()[None])
-            self.lm_b = t(getattr(m.lm_head, "bias", None))
+            self.lm_b = t_opt(getattr(m.lm_head, "bias", None))
 
     def rope(self, n_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(cos, sin_signed)`` tables ``[n_pos, hd]`` from the model's rotary module.
@@ -152,8 +156,9 @@ class FastCausalLM:
         ``sin_signed = [-sin_lo, sin_hi]`` so that ``rope(x) = x * cos + roll(x, hd/2) * sin_signed``
         equals the model's ``x * cos + rotate_half(x) * sin``.
         """
-        if self._cos is None or self._cos.shape[0] < n_pos:
-            n = max(n_pos, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
+        cos_table, sin_table = self._cos, self._sin
+        if cos_table is None or sin_table is None or cos_table.shape[0] < n_pos:
+            n = max(n_pos, 2 * (0 if cos_table is None else cos_table.shape[0]), 256)
             rot = self.model.model.rotary_emb
             ref = next(iter(rot.buffers()), None)
             rdev = ref.device if ref is not None else torch.device("cpu")
@@ -163,9 +168,10 @@ class FastCausalLM:
             cos = cos[0].to(self.device, self.dtype)
             sin = sin[0].to(self.device, self.dtype)
             half = self.hd // 2
-            self._cos = cos.contiguous()
-            self._sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
-        return self._cos, self._sin
+            cos_table = cos.contiguous()
+            sin_table = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
+            self._cos, self._sin = cos_table, sin_table
+        return cos_table, sin_table
 
     # ------------------------------------------------------------------------------ pieces
     def _rms(self, x: torch.Tensor) -> torch.Tensor:
@@ -202,7 +208,12 @@ class FastCausalLM:
         n, Q = ids.shape
         dev = ids.device
         j = torch.arange(Q, device=dev)
-        p0 = past_lens if past is not None else torch.zeros(n, dtype=torch.long, device=dev)
+        if past is None:
+            p0 = torch.zeros(n, dtype=torch.long, device=dev)
+        elif past_lens is None:
+            raise ValueError("prefill: a past needs its past_lens")
+        else:
+            p0 = past_lens
         qvalid = j[None] < lens[:, None]                                            # [n, Q]
         full = past is None and bool((lens == Q).all())
         mask = None
@@ -211,7 +222,7 @@ class FastCausalLM:
             new |= torch.eye(Q, dtype=torch.bool, device=dev)[None]
             if past is not None:
                 Pm = past.shape[4]
-                pv = torch.arange(Pm, device=dev)[None] >= (Pm - past_lens)[:, None]  # [n, Pm]
+                pv = torch.arange(Pm, device=dev)[None] >= (Pm - p0)[:, None]  # [n, Pm]
                 new = torch.cat([pv[:, None, :].expand(n, Q, Pm), new], dim=2)
             mask = new[:, None]                                                   # [n, 1, Q, Pm + Q]
         # matmuls and elementwise ops run on the T real tokens only ("packed"); attention runs in

@@ -41,8 +41,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Protocol, Sequence
+from typing import Any, Literal, Optional, Protocol
 
 import torch
 
@@ -239,7 +240,7 @@ class HFEngine:
 
     # ------------------------------------------------------------------------------ one batch
     def _run_batch(self, rows: list[_Row], sampling: SamplingParams,
-                   stats: HFEngineStats) -> list[tuple[list[int], list[float], str]]:
+                   stats: HFEngineStats) -> list[tuple[list[int], list[float], Literal["eos", "length"]]]:
         """Prefill + decode loop for rows sorted by context length."""
         dev = self.device
         num_rows = len(rows)
@@ -263,7 +264,7 @@ class HFEngine:
         def is_eos(t: torch.Tensor) -> torch.Tensor:
             return t == first_eos if single_eos else torch.isin(t, self._eos)
 
-        tokens, logprobs = sample_tokens(logits, sampling, None if greedy else uniforms[:, 0])
+        tokens, logprobs = sample_tokens(logits, sampling, None if uniforms is None else uniforms[:, 0])
         rounds = [(batch_to_row, tokens, logprobs)]   # per decode round: (request rows, tokens, log-probs)
         done = is_eos(tokens) | (budget <= 1)
         stats.row_slots += num_rows
@@ -285,7 +286,8 @@ class HFEngine:
                 batch_size = int(keep.shape[0])
                 stats.compactions += 1
             logits = state.step(tokens, iteration)
-            tokens, logprobs = sample_tokens(logits, sampling, None if greedy else uniforms[batch_to_row, iteration])
+            tokens, logprobs = sample_tokens(logits, sampling,
+                                             None if uniforms is None else uniforms[batch_to_row, iteration])
             rounds.append((batch_to_row, tokens, logprobs))
             done = done | is_eos(tokens)
             if not same_budget:

@@ -57,7 +57,8 @@ def truncation_active(sampling: SamplingParams) -> bool:
     return (sampling.top_k is not None and sampling.top_k > 0) or sampling.top_p < 1.0
 
 
-def sample_tokens(logits: torch.Tensor, sampling: SamplingParams, u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(logits: torch.Tensor, sampling: SamplingParams,
+                  u: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row.
 
     logits: [B, V] (any float dtype; computed in float32). u: [B] float64 uniforms (ignored when

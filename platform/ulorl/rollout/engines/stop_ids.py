@@ -37,5 +37,6 @@ def stop_token_ids(model: Any, tokenizer: Any = None) -> list[int]:
             if tok not in out:
                 out.append(tok)
     if not out:
-        raise ValueError("no end-of-sequence id: neither the tokenizer nor the model's generation config / config names one")
+        raise ValueError("no end-of-sequence id: neither the tokenizer nor the model's generation config / "
+                         "config names one")
     return out

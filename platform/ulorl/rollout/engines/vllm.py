@@ -65,8 +65,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Literal, Optional
 
 import torch
 
@@ -107,7 +108,7 @@ NATIVE_CPU_MESSAGE = (
     "no native backend moves weights on CPU: use rollout.weight_transfer=stream"
 )
 
-_FINISH = {"stop": "eos", "length": "length"}
+_FINISH: dict[str, Literal["eos", "length"]] = {"stop": "eos", "length": "length"}
 
 
 def request_seed_64(sampling_seed: int, request_seed: int) -> int:
@@ -116,7 +117,8 @@ def request_seed_64(sampling_seed: int, request_seed: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def vllm_sampling_kwargs(sampling: SamplingParams, request: GenerationRequest, eos_token_ids: Sequence[int]) -> dict[str, Any]:
+def vllm_sampling_kwargs(sampling: SamplingParams, request: GenerationRequest,
+                         eos_token_ids: Sequence[int]) -> dict[str, Any]:
     """Keyword arguments of ``vllm.SamplingParams`` for one request (pure; no vLLM import).
 
     ``logprobs=0`` returns the sampled token's log-prob only; ``detokenize=False`` because the
@@ -262,7 +264,7 @@ class NativeWeightTransfer:
     on the sender for the round: a per-parameter gathering source is the next step.
     """
 
-    def __init__(self, engine: "VLLMEngine", backend: str) -> None:
+    def __init__(self, engine: VLLMEngine, backend: str) -> None:
         from vllm.distributed.weight_transfer.base import WeightSource
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
@@ -274,16 +276,17 @@ class NativeWeightTransfer:
         holder = _ListSource()
 
         class _Source(WeightSource):
-            def metadata(self):  # type: ignore[no-untyped-def]
+            def metadata(self):
                 return holder.metadata()
 
-            def __iter__(self):  # type: ignore[no-untyped-def]
+            def __iter__(self):
                 return iter(holder.items)
 
         self._holder = holder
         info = Info(**native_trainer_init_info(backend, tensor_parallel_size=engine.tensor_parallel_size,
                                                bucket_bytes=engine.bucket_bytes))
-        self._trainer = WeightTransferTrainerFactory.trainer_init(info, client=_LLMSyncClient(engine.llm), source=_Source())
+        self._trainer = WeightTransferTrainerFactory.trainer_init(info, client=_LLMSyncClient(engine.llm),
+                                                                  source=_Source())
 
     def send(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int, int]:
         """One round; returns (tensors, bytes, messages)."""
@@ -361,7 +364,8 @@ class VLLMEngine:
             model_dir = self._tmpdir
         else:
             raise TypeError(
-                f"model_path_or_model must be a directory / HF id or a PreTrainedModel, got {type(model_path_or_model).__name__}"
+                f"model_path_or_model must be a directory / HF id or a PreTrainedModel, "
+                f"got {type(model_path_or_model).__name__}"
             )
         if eos_token_id is None:
             eos_token_id = _config_eos(Path(model_dir))
@@ -624,7 +628,7 @@ class VLLMEngine:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
 
-    def __enter__(self) -> "VLLMEngine":
+    def __enter__(self) -> VLLMEngine:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -633,7 +637,7 @@ class VLLMEngine:
     @classmethod
     def from_config(cls, rollout_cfg: Any, model: Any, tokenizer: Any = None, *, max_prompt_len: int = 512,
                     dtype: Optional[str] = None, tensor_parallel_size: Optional[int] = None,
-                    **kwargs: Any) -> "VLLMEngine":
+                    **kwargs: Any) -> VLLMEngine:
         """Engine for a ``RolloutConfig`` (what ``make_engine`` calls for ``engine: vllm``).
 
         ``max_model_len`` = ``rollout_cfg.engine_max_model_len`` if set, else ``max_prompt_len`` +
@@ -641,7 +645,8 @@ class VLLMEngine:
         (after the trainer's rope scaling; the scheduler never asks for more). The engine loads
         the model itself from ``model``'s directory (``config._name_or_path``) when that holds a
         checkpoint, with the trainer's rope parameters as ``hf_overrides``; an in-memory model
-        without one is saved to a temporary directory first. Stops on ``stop_token_ids`` (tokenizer EOS + generation-config
+        without one is saved to a temporary directory first. Stops on ``stop_token_ids`` (tokenizer EOS +
+        generation-config
         end ids). ``dtype`` None: the model's parameter dtype. ``tensor_parallel_size`` None:
         ``rollout_cfg.tensor_parallel_size``. ``kwargs`` go to the constructor.
         """
@@ -654,10 +659,12 @@ class VLLMEngine:
             params = getattr(model, "parameters", None)
             first = next(iter(params()), None) if callable(params) else None
             dtype = str(first.dtype).removeprefix("torch.") if first is not None else "auto"
-        max_len = getattr(rollout_cfg, "engine_max_model_len", None) or (int(max_prompt_len) + int(rollout_cfg.max_response_len))
+        max_len = getattr(rollout_cfg, "engine_max_model_len", None) or (
+            int(max_prompt_len) + int(rollout_cfg.max_response_len))
         max_pos = getattr(config, "max_position_embeddings", None)
         if max_pos is not None and max_len > int(max_pos):
-            log.warning("engine max_model_len %d capped at the model's max_position_embeddings %d", max_len, int(max_pos))
+            log.warning("engine max_model_len %d capped at the model's max_position_embeddings %d",
+                        max_len, int(max_pos))
             max_len = int(max_pos)
         source: Any = model
         path = getattr(config, "_name_or_path", None) if config is not None else None

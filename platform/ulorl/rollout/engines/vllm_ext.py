@@ -64,7 +64,7 @@ from ulorl.rollout.weight_sync import open_shared_bucket, unpack_bucket
 try:  # pragma: no cover - exercised in the vllm venv only
     from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
 except ImportError:  # the main venv has no vLLM: keep the module importable
-    _Base = object  # type: ignore[assignment,misc]
+    _Base = object
 
 NORMALIZE_FQCN = "ulorl.rollout.engines.vllm_ext:NormalizeLogits"
 NORMALIZE_SCALED_FQCN = "ulorl.rollout.engines.vllm_ext:NormalizeScaledLogits"
@@ -78,7 +78,7 @@ LOGITS_PROCESSORS = [NORMALIZE_FQCN, NORMALIZE_SCALED_FQCN]
 LOGPROBS_MODE = "processed_logits"
 
 
-class _RowLogSoftmax(_Base):  # type: ignore[misc,valid-type]
+class _RowLogSoftmax(_Base):
     """Replace each row of logits [B, V] by its log-softmax (a per-row constant shift)."""
 
     def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:

@@ -30,8 +30,9 @@ import os
 import struct
 import tempfile
 import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -72,7 +73,8 @@ def tensor_nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def named_tensors(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def named_tensors(weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+                  ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` pairs of a state dict or of an iterable of pairs (lazily)."""
     if isinstance(weights, Mapping):
         yield from weights.items()
@@ -232,7 +234,7 @@ class SharedBucket:
         except FileNotFoundError:
             pass
 
-    def __enter__(self) -> "SharedBucket":
+    def __enter__(self) -> SharedBucket:
         return self
 
     def __exit__(self, *exc: Any) -> None:

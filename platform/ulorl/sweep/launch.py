@@ -168,7 +168,8 @@ def describe_trials(spec: SweepSpec, base: dict[str, Any], base_path: str | Path
         return describe_resources(cfg, cpu, gpu)
 
     if spec.search.algorithm == "grid":
-        return [{**t, "resources": resources(t["overrides"])} for t in grid_trials(spec) for _ in range(spec.num_samples)]
+        return [{**t, "resources": resources(t["overrides"])}
+                for t in grid_trials(spec) for _ in range(spec.num_samples)]
     res = resources({})  # optuna: the base with the fixed overrides (a searched resources.* key would change it)
     return [{"trial": i, "space": {k: d.model_dump(exclude_none=True) for k, d in spec.space.items()},
              "resources": res} for i in range(spec.num_samples)]

@@ -41,8 +41,9 @@ import contextlib
 import copy
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -61,7 +62,8 @@ def full_nbytes(p: torch.nn.Parameter) -> int:
     return int(getattr(p, "ds_numel", p.numel())) * p.element_size()
 
 
-def bucketize_params(named: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int) -> list[list[tuple[str, torch.nn.Parameter]]]:
+def bucketize_params(named: list[tuple[str, torch.nn.Parameter]], bucket_bytes: int
+                     ) -> list[list[tuple[str, torch.nn.Parameter]]]:
     """Consecutive parameters grouped into buckets of at most ``bucket_bytes`` full bytes (an
     oversize parameter alone); the same on every rank (pure: sizes and order only)."""
     buckets: list[list[tuple[str, torch.nn.Parameter]]] = []
@@ -200,7 +202,7 @@ class DeepSpeedBackend:
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=cfg.lr,
-            betas=tuple(cfg.betas),
+            betas=(cfg.betas[0], cfg.betas[1]),
             weight_decay=cfg.weight_decay,
         )
         self.engine, self.optimizer, _, _ = deepspeed.initialize(

@@ -195,7 +195,7 @@ def sharded_token_stats(
         keep = labels >= 0
         lp, ent = lp * keep, ent * keep
     else:
-        base = model.base_model  # type: ignore[union-attr]
+        base = model.base_model
         hidden = base(input_ids=ids, position_ids=pos, use_cache=False, **marker).last_hidden_state  # type: ignore[operator]
         lp, ent = logprobs_from_hidden(hidden, weight, labels, temperature, bias=getattr(head, "bias", None),
                                        chunk_tokens=chunk_tokens, with_entropy=with_entropy)

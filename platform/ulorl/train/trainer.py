@@ -46,8 +46,15 @@ from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
-from ulorl.train.worker import (load_model, load_train_model, pad_token_id, rollout_copy_needed, run_worker_rank,
-                                seed_everything, set_threads)
+from ulorl.train.worker import (
+    load_model,
+    load_train_model,
+    pad_token_id,
+    rollout_copy_needed,
+    run_worker_rank,
+    seed_everything,
+    set_threads,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel

@@ -35,7 +35,7 @@ from ulorl.train.sequence_parallel import check_sp_loss_agg
 
 log = logging.getLogger(__name__)
 #: backends (one per run) that already warned about rows over the micro-batch token cap
-_WARNED_OVER_CAP: "weakref.WeakSet[object]" = weakref.WeakSet()
+_WARNED_OVER_CAP: weakref.WeakSet[object] = weakref.WeakSet()
 
 __all__ = ["UpdateResult", "current_token_stats", "forward_logits", "policy_update", "segment_logprobs",
            "split_minibatches"]

@@ -15,8 +15,8 @@ Per rank: local parameter bytes after load and after init (sum of ``ds_tensor`` 
 full tensors), the rollout copy's bytes, VmRSS after init, and the peak extra VmRSS (sampled from
 ``/proc/self/status``) during the load, during load + ``deepspeed.initialize`` (a whole model
 read from safetensors is file-mapped and enters VmRSS only when touched), and during one export of
-the weights for an engine (``named_weights_for_rollout``: gathered per bucket of ``--bucket-mb``; rank 0 consumes each tensor
-and drops it, as a streaming engine does; the other ranks follow in ``worker_loop``).
+the weights for an engine (``named_weights_for_rollout``: gathered per bucket of ``--bucket-mb``;
+rank 0 consumes each tensor and drops it, as a streaming engine does; the other ranks follow in ``worker_loop``).
 """
 
 from __future__ import annotations
@@ -230,7 +230,8 @@ def format_zero3(result: dict[str, Any]) -> str:
 
 def add_zero3_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``zero3-memory`` on ``ulorl-bench``'s subparsers."""
-    z = sub.add_parser("zero3-memory", help="ZeRO-3 per-rank parameter memory: partitioned load vs full load (CPU, gloo)",
+    z = sub.add_parser("zero3-memory",
+                       help="ZeRO-3 per-rank parameter memory: partitioned load vs full load (CPU, gloo)",
                        description=__doc__.split("\n\n")[0], epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     z.add_argument("--size-mb", type=float, default=64.0, help="model size (MiB, float32, random weights)")

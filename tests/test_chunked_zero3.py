@@ -78,10 +78,12 @@ def _script(argv: list[str]) -> None:
     assert hasattr(head_w, "ds_id") and head_w.numel() == 0, "the head weight must be ZeRO-3 partitioned"
     params = dict(backend.module.named_parameters())
     batch = _batch(rank)
+    batch2 = _batch(rank + 50)
     mask = batch.response_mask
     g = torch.Generator().manual_seed(7 + rank)
     c_lp = torch.randn(mask.shape, generator=g)
     c_ent = torch.randn(mask.shape, generator=g)
+    c_lp2 = torch.randn(batch2.response_mask.shape, generator=g)
     dev = torch.device("cpu")
     result: dict[str, dict[str, torch.Tensor]] = {}
     for key, path, with_entropy in (("full", "full", False), ("chunked_lp", "chunked", False),
@@ -92,6 +94,9 @@ def _script(argv: list[str]) -> None:
         if key == "chunked_ent":
             loss = loss + (ent * c_ent * mask).sum()
         backend.backward(loss)
+        # a second micro-batch accumulates onto the first (ZeRO-3 adds to its partitioned gradients)
+        lp2, _ = token_stats(engine, batch2, TEMPERATURE, dev, path, chunk_tokens=CHUNK_TOKENS, with_entropy=False)
+        backend.backward((lp2 * c_lp2 * batch2.response_mask).sum())
         grads = {n: deepspeed.utils.safe_get_full_grad(params[n]) for n in names}
         backend.zero_grad()
         result[key] = {"lp": lp.detach(), "ent": ent.detach(), "loss": loss.detach(),
@@ -107,6 +112,8 @@ def _script(argv: list[str]) -> None:
         ent_f = -(logp.exp() * logp).sum(-1)
     loss = (lp_f * c_lp * mask).sum() + (ent_f * c_ent * mask).sum()
     backend.backward(loss)
+    lp2, _ = token_stats(engine, batch2, TEMPERATURE, dev, "full", with_entropy=False)
+    backend.backward((lp2 * c_lp2 * batch2.response_mask).sum())
     grads = {n: deepspeed.utils.safe_get_full_grad(params[n]) for n in names}
     backend.zero_grad()
     result["full_ent"] = {"loss": loss.detach(), **{f"grad/{n}": gr.clone() for n, gr in grads.items()

@@ -56,8 +56,22 @@ def tied_head(model: torch.nn.Module, weight: Tensor) -> bool:
     return embed is not None and getattr(embed, "weight", None) is weight
 
 
+def start_engine_micro_step(model: torch.nn.Module) -> None:
+    """What a DeepSpeed engine's own forward does first, for a forward that bypasses it.
+
+    ``DeepSpeedEngine.forward`` starts each micro-step with ZeRO's ``clear_backward_seen_flag``,
+    which advances ZeRO's micro-step counter after a backward: without it ZeRO-3 takes every later
+    micro-batch for the first one and overwrites (instead of adds to) the gradients accumulated so
+    far. ``forward_hidden`` calls the inner base model, so it does this here; a no-op for a plain model.
+    """
+    clear = getattr(getattr(model, "optimizer", None), "clear_backward_seen_flag", None)
+    if callable(clear):
+        clear()
+
+
 def forward_hidden(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> Tensor:
     """Final hidden states at the positions predicting ``batch.targets``: Float[B, L-1, H]."""
+    start_engine_micro_step(model)
     base = cast(torch.nn.Module, model.base_model)
     ids = batch.input_ids.to(device).long()
     out = base(input_ids=ids, attention_mask=_attention_mask(batch, device), use_cache=False)

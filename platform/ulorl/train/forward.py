@@ -4,18 +4,18 @@
 (``ulorl.algo.chunked_lm_head``), so no ``[B, L, V]`` logits tensor exists, in forward or backward;
 only response positions are scored. ``full``: the model's own ``logits`` (``[B, L, V]``) then
 ``logprobs_and_entropy`` — the path before chunking, kept for ``ulorl-bench memory`` and as a
-reference in tests. Under DeepSpeed ZeRO-3 (partitioned LM head) ``chunked`` falls back to
-``full``: the chunked path through a partitioned head is not correct yet.
+reference in tests. Under DeepSpeed ZeRO-3 (partitioned LM head) ``chunked`` goes through the head
+module per chunk, so ZeRO-3 gathers and reduces the head weight (``ulorl.algo.chunked_lm_head``).
 """
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal, cast
 
 import torch
 from torch import Tensor
 
-from ulorl.algo.chunked_lm_head import is_zero3_param, logprobs_from_hidden
+from ulorl.algo.chunked_lm_head import logprobs_from_hidden
 from ulorl.algo.logprobs import logprobs_and_entropy, logprobs_from_logits
 from ulorl.train.batch import TrainBatch
 
@@ -28,7 +28,7 @@ class UnsupportedHeadError(ValueError):
     """The model's logits are not a plain linear head of its final hidden states."""
 
 
-def _attention_mask(batch: TrainBatch, device: torch.device) -> Optional[Tensor]:
+def _attention_mask(batch: TrainBatch, device: torch.device) -> Tensor | None:
     """None when no row is padded: attention is then plain causal (no [L, L] mask is built)."""
     mask = batch.attention_mask
     if bool(mask.all()):
@@ -49,9 +49,30 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module:
     return head
 
 
+def tied_head(model: torch.nn.Module, weight: Tensor) -> bool:
+    """The head weight is also the input embedding's (tied embeddings)."""
+    get_embed = getattr(model, "get_input_embeddings", None)
+    embed = get_embed() if callable(get_embed) else None
+    return embed is not None and getattr(embed, "weight", None) is weight
+
+
+def start_engine_micro_step(model: torch.nn.Module) -> None:
+    """What a DeepSpeed engine's own forward does first, for a forward that bypasses it.
+
+    ``DeepSpeedEngine.forward`` starts each micro-step with ZeRO's ``clear_backward_seen_flag``,
+    which advances ZeRO's micro-step counter after a backward: without it ZeRO-3 takes every later
+    micro-batch for the first one and overwrites (instead of adds to) the gradients accumulated so
+    far. ``forward_hidden`` calls the inner base model, so it does this here; a no-op for a plain model.
+    """
+    clear = getattr(getattr(model, "optimizer", None), "clear_backward_seen_flag", None)
+    if callable(clear):
+        clear()
+
+
 def forward_hidden(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> Tensor:
     """Final hidden states at the positions predicting ``batch.targets``: Float[B, L-1, H]."""
-    base = model.base_model  # type: ignore[union-attr]
+    start_engine_micro_step(model)
+    base = cast(torch.nn.Module, model.base_model)
     ids = batch.input_ids.to(device).long()
     out = base(input_ids=ids, attention_mask=_attention_mask(batch, device), use_cache=False)
     return out.last_hidden_state[:, :-1]
@@ -75,7 +96,7 @@ def token_stats(
     temperature: float,
     device: torch.device,
     path: str = "chunked",
-    chunk_tokens: Optional[int] = None,
+    chunk_tokens: int | None = None,
     with_entropy: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """(log-probs, entropy) of every response target, each Float[B, L-1] on ``device``, 0 elsewhere.
@@ -85,15 +106,14 @@ def token_stats(
     or not computed (full), for the training pass that needs log-probs only.
     """
     mask = batch.response_mask.to(device)
-    if path == "chunked" and is_zero3_param(output_head(model).weight):
-        path = "full"  # ZeRO-3: the partitioned head is gathered only inside the model's own forward
     if path == "chunked":
         head = output_head(model)
         hidden = forward_hidden(model, batch, device)
         labels = response_labels(batch).to(device)
-        return logprobs_from_hidden(hidden, head.weight, labels, temperature,
+        weight = cast(Tensor, head.weight)
+        return logprobs_from_hidden(hidden, weight, labels, temperature,
                                     bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, lm_head=head,
-                                    with_entropy=with_entropy)
+                                    with_entropy=with_entropy, tied=tied_head(model, weight))
     if path == "full":
         logits = forward_logits(model, batch, device)
         if not with_entropy:

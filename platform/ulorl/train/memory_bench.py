@@ -23,12 +23,15 @@ import resource
 import subprocess
 import sys
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 
 from ulorl.algo.loss import policy_loss
+from ulorl.config import config_from_dict
 from ulorl.train.batch import TrainBatch
+from ulorl.train.distributed import ensure_process_group
 from ulorl.train.forward import LOGPROB_PATHS, token_stats
 
 MIB = 1024**2
@@ -40,7 +43,7 @@ FULL_PATH_BYTES_PER_TOKEN_PER_VOCAB = 12
 ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN_LAYER = 80
 
 
-def build_model(vocab: int, hidden: int, layers: int, model: Optional[str], seq_len: int,
+def build_model(vocab: int, hidden: int, layers: int, model: str | None, seq_len: int,
                 attn_implementation: str = "sdpa") -> torch.nn.Module:
     """Random-weight causal LM: from ``model``'s config (local folder or cached id, no download), else a
     Qwen3 of the given shape (head_dim 32, intermediate 4 x hidden, kv heads = heads / 2)."""
@@ -79,13 +82,17 @@ def max_rss_mb() -> float:
 
 
 def micro_step(model: torch.nn.Module, batch: TrainBatch, path: str, device: torch.device,
-               temperature: float = 0.85) -> float:
-    """Forward, log-probs + entropy, loss, backward. Returns the loss."""
+               temperature: float = 0.85, backward: Callable[[torch.Tensor], None] | None = None) -> float:
+    """Forward, log-probs + entropy, loss, backward (``backward(loss)``, default ``loss.backward()``).
+    Returns the loss."""
     lp, ent = token_stats(model, batch, temperature, device, path)
     mask = batch.response_mask.to(device)
     loss, _ = policy_loss(lp, lp.detach() - 0.01, torch.ones(1, device=device), mask,
                           num_tokens=batch.num_response_tokens)
-    loss.backward()
+    if backward is not None:
+        backward(loss)
+    else:
+        loss.backward()
     _ = float((ent.detach() * mask).sum())  # entropy is part of the step (it gates the DMMPT mask)
     return float(loss.detach())
 
@@ -102,8 +109,12 @@ def measure_micro_step(
     gradient_checkpointing: bool = True,
     repeats: int = 1,
     attn_implementation: str = "sdpa",
+    zero_stage: int = 0,
 ) -> dict[str, Any]:
     """Build the model, run ``repeats`` micro-steps on one row of ``seq_len`` tokens, report peak and time.
+
+    ``zero_stage`` 1-3: the model runs inside a one-process DeepSpeed engine of that ZeRO stage (the
+    trainer's DeepSpeed config, AdamW), backward through the engine; 0: plain torch.
 
     Returns ``{seq_len, path, peak_rss_mb, seconds, device, base_rss_mb, peak_gpu_mb,
     gradient_checkpointing, loss}``: ``seconds`` = median micro-step time; ``peak_rss_mb`` = this
@@ -118,9 +129,15 @@ def measure_micro_step(
     dev = torch.device(device)
     net = build_model(vocab, hidden, layers, model, seq_len, attn_implementation).to(dev)
     if gradient_checkpointing:
-        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
     net.train()
-    batch = one_row_batch(seq_len, int(net.config.vocab_size))
+    vocab_size = int(cast(Any, net).config.vocab_size)
+    step_model: torch.nn.Module = net
+    backward: Callable[[torch.Tensor], None] | None = None
+    zero_grad: Callable[[], None] = lambda: net.zero_grad(set_to_none=True)
+    if zero_stage:
+        step_model, backward, zero_grad = deepspeed_engine(net, zero_stage, dev)
+    batch = one_row_batch(seq_len, vocab_size)
     base = max_rss_mb()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -128,9 +145,9 @@ def measure_micro_step(
     times: list[float] = []
     loss = float("nan")
     for _ in range(max(1, repeats)):
-        net.zero_grad(set_to_none=True)
+        zero_grad()
         t0 = time.perf_counter()
-        loss = micro_step(net, batch, path, dev)
+        loss = micro_step(step_model, batch, path, dev, backward=backward)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
@@ -144,8 +161,34 @@ def measure_micro_step(
         "base_rss_mb": round(base, 1),
         "peak_gpu_mb": round(torch.cuda.max_memory_allocated(dev) / MIB, 1) if dev.type == "cuda" else None,
         "gradient_checkpointing": gradient_checkpointing,
+        "zero_stage": zero_stage,
         "loss": loss,
     }
+
+
+def deepspeed_engine(
+    net: torch.nn.Module, zero_stage: int, device: torch.device,
+) -> tuple[torch.nn.Module, Callable[[torch.Tensor], None], Callable[[], None]]:
+    """``net`` in a one-process DeepSpeed engine (the trainer's config at ``zero_stage``, AdamW):
+    (engine, backward(loss), zero_grad())."""
+    from ulorl.train.deepspeed_backend import deepspeed_config
+
+    if zero_stage not in (1, 2, 3):
+        raise ValueError(f"--zero-stage must be 0 (no DeepSpeed) or 1, 2, 3, got {zero_stage}")
+    ensure_process_group(device.type)
+    import deepspeed  # optional dependency: only for --zero-stage
+
+    train = config_from_dict({"train": {"backend": "deepspeed", "deepspeed": {"zero_stage": zero_stage}}}).train
+    optimizer = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-6)
+    engine, _, _, _ = deepspeed.initialize(model=net, optimizer=optimizer, config=deepspeed_config(train))
+
+    def backward(loss: torch.Tensor) -> None:
+        engine.backward(loss, scale_wrt_gas=False)
+
+    def zero_grad() -> None:
+        engine.optimizer.zero_grad(set_to_none=True)
+
+    return engine, backward, zero_grad
 
 
 def predicted_full_peak_mb(seq_len: int, vocab: int, hidden: int, layers: int) -> float:
@@ -171,7 +214,7 @@ def _one_args(args: argparse.Namespace, seq_len: int, path: str) -> list[str]:
     out = [sys.executable, "-m", "ulorl.train.memory_bench", "--one", "--seq-len", str(seq_len), "--path", path,
            "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--layers", str(args.layers),
            "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads),
-           "--attn-implementation", args.attn_implementation]
+           "--attn-implementation", args.attn_implementation, "--zero-stage", str(args.zero_stage)]
     if args.model:
         out += ["--model", args.model]
     if not args.gradient_checkpointing:
@@ -180,7 +223,7 @@ def _one_args(args: argparse.Namespace, seq_len: int, path: str) -> list[str]:
 
 
 def run_one_subprocess(args: argparse.Namespace, seq_len: int, path: str) -> dict[str, Any]:
-    proc = subprocess.run(_one_args(args, seq_len, path), capture_output=True, text=True, env=dict(os.environ))
+    proc = subprocess.run(_one_args(args, seq_len, path), check=False, capture_output=True, text=True, env=dict(os.environ))
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
         return {"seq_len": seq_len, "path": path, "peak_rss_mb": None, "seconds": None,
@@ -212,7 +255,7 @@ def run_bench(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "model": args.model or {"vocab": args.vocab, "hidden": args.hidden, "layers": args.layers},
         "device": args.device, "gradient_checkpointing": args.gradient_checkpointing, "threads": args.threads,
-        "results": results,
+        "zero_stage": args.zero_stage, "results": results,
     }
     out["summary"] = summarize(results)
     return out
@@ -286,6 +329,8 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1, help="micro-steps per measurement (median time)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "eager", "flash_attention_2"])
+    p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="run each micro-step in a one-process DeepSpeed engine of this ZeRO stage (0 = plain torch)")
     p.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
                    help="run both paths without activation checkpointing (default: checkpointing on)")
 
@@ -299,7 +344,7 @@ def memory_main(args: argparse.Namespace) -> int:
     return 0 if not any(r.get("error") for r in out["results"]) else 1
 
 
-def _one_main(argv: Optional[Sequence[str]] = None) -> int:
+def _one_main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m ulorl.train.memory_bench",
                                 description="one measurement (the subprocess of ulorl-bench memory)")
     p.add_argument("--one", action="store_true", required=True)
@@ -311,7 +356,7 @@ def _one_main(argv: Optional[Sequence[str]] = None) -> int:
         torch.set_num_threads(a.threads)
     r = measure_micro_step(a.seq_len, a.path, vocab=a.vocab, hidden=a.hidden, layers=a.layers, model=a.model,
                            device=a.device, gradient_checkpointing=a.gradient_checkpointing, repeats=a.repeats,
-                           attn_implementation=a.attn_implementation)
+                           attn_implementation=a.attn_implementation, zero_stage=a.zero_stage)
     print(json.dumps(r))
     return 0
 

@@ -9,7 +9,8 @@ ZeRO sharding that applies.
 Trainer memory per GPU (``trainer_*`` keys, ``trainer_memory``): weights, gradients and AdamW state
 under the ZeRO stage; activations of the longest micro-batch on one GPU (the longest row alone when
 it exceeds ``train.micro_batch_tokens``, divided by ``train.sequence_parallel``), with and without
-activation checkpointing; the chunked LM head's temporaries; their total ``trainer_peak_per_gpu``
+activation checkpointing; the chunked LM head's temporaries (also under ZeRO-3, where the chunks go
+through the gathered head module); their total ``trainer_peak_per_gpu``
 and ``trainer_fits`` (total <= 90 % of ``resources.gpu_memory_gib``, the rest for the allocator
 and kernels' workspace). Activations per token and layer (bf16, flash / sdpa attention, so no
 [T, T] term): 34 x hidden bytes without checkpointing (Korthikanti et al. 2022); with
@@ -21,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ulorl.config import ExperimentConfig
 from ulorl.rollout.engine_config import engine_summary
@@ -49,7 +50,7 @@ KNOWN_ARCHITECTURES: dict[str, Architecture] = {
 GIB = 1024**3
 
 
-def architecture_of(name_or_path: str) -> Optional[Architecture]:
+def architecture_of(name_or_path: str) -> Architecture | None:
     if name_or_path in KNOWN_ARCHITECTURES:
         return KNOWN_ARCHITECTURES[name_or_path]
     cfg_file = None
@@ -98,8 +99,11 @@ def trainer_memory(cfg: ExperimentConfig, arch: Architecture) -> dict[str, Any]:
     act_full = 34 * h * L * tokens
     act_ckpt = (2 * h * L + 34 * h) * tokens
     rows = hidden_chunk_rows(arch.vocab, t.logprob_chunk_tokens)
-    # final hidden states + their grad (fp32), three fp32 [rows, V] temporaries, fp32 head-grad accumulator
-    head = 8 * h * tokens + 3 * 4 * rows * arch.vocab + 4 * arch.vocab * h
+    # final hidden states + their grad (fp32) and three fp32 [rows, V] temporaries; then the head
+    # weight's gradient: one fp32 [V, H] accumulator, or under ZeRO-3 (the chunks go through the head
+    # module) the gathered [V, H] weight, its .grad accumulator and one chunk's [V, H] weight gradient
+    head_grad = 3 * wbytes * arch.vocab * h if stage >= 3 else 4 * arch.vocab * h
+    head = 8 * h * tokens + 3 * 4 * rows * arch.vocab + head_grad
     act = act_ckpt if t.gradient_checkpointing else act_full
     total = weights + grads + optim + gather + act + head
     gpu = res.gpu_memory_gib

@@ -104,7 +104,8 @@ def _script(argv: list[str]) -> None:
 
 
 @pytest.mark.slow
-def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path):
+@pytest.mark.parametrize("stage", [2, 3])
+def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path, stage):
     from ulorl.models.loading import load_policy
     from ulorl.train.backend import TorchBackend
     from ulorl.train.update import policy_update
@@ -112,7 +113,7 @@ def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path):
     model_dir = build_model_dir(tmp_path / "model")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(Path(__file__).resolve()), "--model", str(model_dir), "--out", str(tmp_path)]
+           str(Path(__file__).resolve()), "--model", str(model_dir), "--out", str(tmp_path), "--stage", str(stage)]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     res = json.loads((tmp_path / "result.json").read_text())

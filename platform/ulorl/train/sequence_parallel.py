@@ -28,16 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
-from ulorl.algo.chunked_lm_head import is_zero3_param, logprobs_from_hidden
-from ulorl.algo.logprobs import logprobs_and_entropy
+from ulorl.algo.chunked_lm_head import logprobs_from_hidden
 from ulorl.config import TrainConfig
 from ulorl.train.batch import TrainBatch
-from ulorl.train.forward import IGNORE, output_head, response_labels
+from ulorl.train.forward import IGNORE, output_head, response_labels, start_engine_micro_step, tied_head
 
 #: forward kwarg that routes attention through Ulysses (popped by the dispatcher)
 SP_KWARG = "ulorl_sequence_parallel"
@@ -186,18 +185,14 @@ def sharded_token_stats(
     pos = shard.position_ids.to(device)
     labels = shard.labels.to(device)
     head = output_head(model)
-    weight: Tensor = head.weight  # type: ignore[assignment]
+    weight = cast(Tensor, head.weight)
     marker = {SP_KWARG: True}
-    if is_zero3_param(weight):
-        # ZeRO-3: the partitioned head is gathered only inside the model's own forward ([1, c, V] logits)
-        logits = model(input_ids=ids, position_ids=pos, use_cache=False, **marker).logits
-        lp, ent = logprobs_and_entropy(logits, labels.clamp(min=0), temperature)
-        keep = labels >= 0
-        lp, ent = lp * keep, ent * keep
-    else:
-        base = model.base_model
-        hidden = base(input_ids=ids, position_ids=pos, use_cache=False, **marker).last_hidden_state  # type: ignore[operator]
-        lp, ent = logprobs_from_hidden(hidden, weight, labels, temperature, bias=getattr(head, "bias", None),
-                                       chunk_tokens=chunk_tokens, with_entropy=with_entropy)
+    start_engine_micro_step(model)  # the base model's forward bypasses a DeepSpeed engine's (ZeRO-3 accumulation)
+    base = cast(torch.nn.Module, model.base_model)
+    hidden = base(input_ids=ids, position_ids=pos, use_cache=False, **marker).last_hidden_state
+    # under ZeRO-3 the chunks go through the head module, whose hooks gather the partitioned weight
+    lp, ent = logprobs_from_hidden(hidden, weight, labels, temperature, bias=getattr(head, "bias", None),
+                                   chunk_tokens=chunk_tokens, with_entropy=with_entropy,
+                                   lm_head=head, tied=tied_head(model, weight))
     n = shard.n_targets
     return lp[:, :n], ent[:, :n], shard.lo

@@ -94,7 +94,7 @@ class _LinearLogProbs(torch.autograd.Function):
     """h Float[N, H], W Float[V, H], b Float[V] | None, labels Long[N] (all >= 0) -> (logp Float[N], ent Float[N])."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, h: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
         temperature: float, rows: int, mm_dtype: torch.dtype, with_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
@@ -188,7 +188,7 @@ class _HeadModuleLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any, h: Tensor, labels: Tensor, head: torch.nn.Module, temperature: float, rows: int,
         with_entropy: bool, tied: bool,
     ) -> tuple[Tensor, Tensor]:
@@ -302,9 +302,11 @@ def logprobs_from_hidden(
     if zero3:
         if not isinstance(lm_head, torch.nn.Module):
             raise ValueError("a DeepSpeed ZeRO-3 partitioned LM head weight needs the head module (lm_head=...)")
-        lp_v, ent_v = cast(tuple[Tensor, Tensor], _HeadModuleLogProbs.apply(h_valid, l_valid, lm_head, t, rows, with_entropy, tied))  # type: ignore[no-untyped-call]
+        lp_v, ent_v = cast(tuple[Tensor, Tensor],
+                           _HeadModuleLogProbs.apply(h_valid, l_valid, lm_head, t, rows, with_entropy, tied))
     else:
-        lp_v, ent_v = cast(tuple[Tensor, Tensor], _LinearLogProbs.apply(h_valid, weight, bias, l_valid, t, rows, mm, with_entropy))  # type: ignore[no-untyped-call]
+        lp_v, ent_v = cast(tuple[Tensor, Tensor],
+                           _LinearLogProbs.apply(h_valid, weight, bias, l_valid, t, rows, mm, with_entropy))
     lp = torch.zeros(n_all, dtype=cd, device=hidden.device).index_put((idx,), lp_v.to(cd))
     ent = torch.zeros(n_all, dtype=cd, device=hidden.device)
     if ent_v.numel():

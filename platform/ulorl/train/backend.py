@@ -7,16 +7,28 @@ DeepSpeed ZeRO backend with the same interface.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Optional, Protocol
 
 import torch
 
 from ulorl.config import TrainConfig
+from ulorl.train.parallel import ParallelOps
 
 
 class TrainBackend(Protocol):
+    """What callers use of a backend (the trainer, the update, weight sync, the worker loop)."""
+
     model: torch.nn.Module
     is_main_process: bool
+    @property
+    def data_parallel(self) -> Optional[ParallelOps]:
+        """Several processes: their data-parallel operations (``DataParallel``); None in one process."""
+        ...
+
+    @property
+    def rollout_model(self) -> torch.nn.Module:
+        """The plain (unpartitioned) transformers module rollouts, SAIS log-probs and checkpoints use."""
+        ...
 
     def backward(self, loss: torch.Tensor) -> None: ...
     def step(self) -> float:
@@ -30,6 +42,12 @@ class TrainBackend(Protocol):
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
         """Full (gathered) model weights for the rollout engine."""
         ...
+    def save_model(self, directory: Path) -> None:
+        """Write the full policy weights (+ config) to ``directory`` for ``from_pretrained``."""
+        ...
+    def close(self, **info: Any) -> None:
+        """Release the backend (multi-process: stop the worker ranks, handing them ``info``)."""
+        ...
 
 
 class TorchBackend:
@@ -42,6 +60,7 @@ class TorchBackend:
     """
 
     is_main_process = True
+    data_parallel: Optional[ParallelOps] = None  # one process
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig) -> None:
         self.model = model
@@ -115,5 +134,15 @@ class TorchBackend:
                     for p, m in zip(self.params, self.masters):
                         m.copy_(p.float())
 
+    @property
+    def rollout_model(self) -> torch.nn.Module:
+        return self.model  # one plain module trains and rolls out
+
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def save_model(self, directory: Path) -> None:
+        self.model.save_pretrained(directory, safe_serialization=True)  # type: ignore[operator]
+
+    def close(self, **info: Any) -> None:
+        return None

@@ -33,7 +33,7 @@ Design (one driver, N-1 workers):
 * ``traffic`` counts the bytes each kind of control message put on the wire from this rank.
 
 The worker-rank entry point lives in ``ulorl.train.worker``; this module imports nothing above the
-math it shards (``ulorl.train.update.current_token_stats``). deepspeed is imported only when a
+math it shards (``ulorl.train.forward.current_token_stats``). deepspeed is imported only when a
 process group is made.
 """
 
@@ -54,9 +54,9 @@ import torch.distributed as td
 from ulorl.config import ExperimentConfig
 from ulorl.rollout.types import Sample
 from ulorl.train.batch import TrainBatch, micro_batches, scatter_rows
+from ulorl.train.forward import autocast_ctx, current_token_stats
 from ulorl.train.sequence_parallel import sharded_token_stats
 from ulorl.train.transport import empty_packed, pack_samples, unpack_samples
-from ulorl.train.update import autocast_ctx, current_token_stats
 
 log = logging.getLogger("ulorl.train.distributed")
 

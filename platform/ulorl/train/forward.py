@@ -10,14 +10,15 @@ module per chunk, so ZeRO-3 gathers and reduces the head weight (``ulorl.algo.ch
 
 from __future__ import annotations
 
-from typing import Literal, cast
+import contextlib
+from typing import Literal, Optional, cast
 
 import torch
 from torch import Tensor
 
 from ulorl.algo.chunked_lm_head import logprobs_from_hidden
 from ulorl.algo.logprobs import logprobs_and_entropy, logprobs_from_logits
-from ulorl.train.batch import TrainBatch
+from ulorl.train.batch import TrainBatch, micro_batches, scatter_rows
 
 LogprobPath = Literal["chunked", "full"]
 LOGPROB_PATHS: tuple[str, ...] = ("chunked", "full")
@@ -122,3 +123,35 @@ def token_stats(
         lp, ent = logprobs_and_entropy(logits, batch.targets.to(device).long(), temperature)
         return lp * mask, ent * mask
     raise ValueError(f"logprob path must be one of {LOGPROB_PATHS}, got {path!r}")
+
+
+def autocast_ctx(bf16: bool, device: torch.device) -> contextlib.AbstractContextManager:
+    if bf16:
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def current_token_stats(
+    model: torch.nn.Module,
+    batch: TrainBatch,
+    temperature: float,
+    token_budget: int,
+    device: torch.device,
+    bf16: bool = False,
+    path: str = "chunked",
+    chunk_tokens: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probs, entropy) of every response target under the current model, each Float[B, L-1] (cpu).
+
+    ``path``: "chunked" (hidden states through the LM head in chunks) or "full" (model logits).
+    """
+    lp = torch.zeros(batch.targets.shape, dtype=torch.float32)
+    ent = torch.zeros(batch.targets.shape, dtype=torch.float32)
+    for rows in micro_batches(batch, token_budget):
+        sub = batch.rows(rows)
+        with autocast_ctx(bf16, device):
+            sub_lp, sub_ent = token_stats(model, sub, temperature, device, path, chunk_tokens)
+        scatter_rows(lp, rows, sub_lp.float().cpu())
+        scatter_rows(ent, rows, sub_ent.float().cpu())
+    return lp * batch.response_mask, ent * batch.response_mask

@@ -211,7 +211,7 @@ class Trainer:
         self.pad_id = pad_token_id(tokenizer)
         self.backend: TrainBackend = self._make_backend(model)
         # deepspeed: backend.model is the DeepSpeed engine; rollouts/checkpoints use the plain module
-        self.model = cast("PreTrainedModel", getattr(self.backend, "rollout_model", self.backend.model))
+        self.model = cast("PreTrainedModel", self.backend.rollout_model)
         self.engine = (self.engine_factory or make_engine)(engine_rollout_config(cfg), self.model, tokenizer)
         def load_judge_engine(name: str) -> tuple[Any, Any]:
             jm, jt = load_model(cfg, self.device, name_or_path=name, rope_scaling=False)
@@ -310,10 +310,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         def payload(d: Path) -> None:
-            if hasattr(self.backend, "save_model"):   # ZeRO-3 without a full copy: gathered per bucket
-                self.backend.save_model(d / "model")
-            else:
-                self.model.save_pretrained(d / "model", safe_serialization=True)
+            self.backend.save_model(d / "model")  # ZeRO-3 without a full copy: gathered per bucket
             self.tokenizer.save_pretrained(d / "model")
             self.backend.save(d)
 
@@ -545,9 +542,9 @@ class Trainer:
             progress.close()
             self.stop.restore()
             self.scorer.close()
-            if hasattr(self.backend, "close"):  # deepspeed: release the worker ranks (they return this)
-                self.backend.close(run_id=self.run_id, run_dir=str(self.run_dir), steps=self.step,
-                                   interrupted=self.stop.signal is not None)
+            # multi-process: releases the worker ranks (they return this info)
+            self.backend.close(run_id=self.run_id, run_dir=str(self.run_dir), steps=self.step,
+                               interrupted=self.stop.signal is not None)
         if self.tracker is not None:
             final = ckpt_io.latest_checkpoint(self.run_dir)
             if final is not None and status == "FINISHED":

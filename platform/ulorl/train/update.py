@@ -8,7 +8,6 @@ logits / rollout temperature, the distribution the rollout sampled from.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import weakref
@@ -29,15 +28,17 @@ from ulorl.algo import (
 from ulorl.config import AlgoConfig, TrainConfig
 from ulorl.rollout.types import Sample
 from ulorl.train.backend import TrainBackend
-from ulorl.train.batch import TrainBatch, build_train_batch, micro_batches, rows_over_cap, scatter_rows
-from ulorl.train.forward import forward_logits, token_stats
+from ulorl.train.batch import TrainBatch, build_train_batch, rows_over_cap
+from ulorl.train.forward import autocast_ctx, current_token_stats, forward_logits, token_stats
+from ulorl.train.parallel import LocalParallel, ParallelOps
 from ulorl.train.sequence_parallel import check_sp_loss_agg
 
 log = logging.getLogger(__name__)
 #: backends (one per run) that already warned about rows over the micro-batch token cap
 _WARNED_OVER_CAP: weakref.WeakSet[object] = weakref.WeakSet()
 
-__all__ = ["UpdateResult", "current_token_stats", "forward_logits", "policy_update", "segment_logprobs",
+__all__ = ["PreparedUpdate", "UpdateResult", "apply_update", "autocast_ctx", "current_token_stats", "forward_logits",
+           "policy_update", "prepare_update", "segment_logprobs",
            "split_minibatches"]
 
 
@@ -49,38 +50,6 @@ class UpdateResult:
     kept_samples: list[Sample] = field(default_factory=list)
     loss_mask: Optional[torch.Tensor] = None     # [B, L-1] of the kept batch
     batch: Optional[TrainBatch] = None
-
-
-def autocast_ctx(bf16: bool, device: torch.device) -> contextlib.AbstractContextManager:
-    if bf16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@torch.no_grad()
-def current_token_stats(
-    model: torch.nn.Module,
-    batch: TrainBatch,
-    temperature: float,
-    token_budget: int,
-    device: torch.device,
-    bf16: bool = False,
-    path: str = "chunked",
-    chunk_tokens: Optional[int] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probs, entropy) of every response target under the current model, each Float[B, L-1] (cpu).
-
-    ``path``: "chunked" (hidden states through the LM head in chunks) or "full" (model logits).
-    """
-    lp = torch.zeros(batch.targets.shape, dtype=torch.float32)
-    ent = torch.zeros(batch.targets.shape, dtype=torch.float32)
-    for rows in micro_batches(batch, token_budget):
-        sub = batch.rows(rows)
-        with autocast_ctx(bf16, device):
-            sub_lp, sub_ent = token_stats(model, sub, temperature, device, path, chunk_tokens)
-        scatter_rows(lp, rows, sub_lp.float().cpu())
-        scatter_rows(ent, rows, sub_ent.float().cpu())
-    return lp * batch.response_mask, ent * batch.response_mask
 
 
 def _weighted(acc: dict[str, float], metrics: dict[str, torch.Tensor], weight: float) -> None:
@@ -108,7 +77,27 @@ def split_minibatches(group_ids: list[int], n: int) -> list[list[int]]:
     return [m for m in out if m]
 
 
-def policy_update(
+@dataclass
+class PreparedUpdate:
+    """Everything an update needs before its first gradient: the kept batch and its per-token tensors.
+
+    Tensors are [B, L-1] over the kept batch (``batch.targets`` positions) unless noted.
+    """
+
+    kept: list[Sample]
+    batch: TrainBatch
+    advantages: torch.Tensor        # Float[B]: group-normalised advantage per row
+    old_logprobs: torch.Tensor      # Float[B, L-1]: the IS denominator (TOIS / SAIS / POIS)
+    loss_mask: torch.Tensor         # Bool[B, L-1]: tokens the loss keeps (MPT / DMMPT masking)
+    metrics: dict[str, float]
+
+
+def parallel_ops(backend: TrainBackend, train: TrainConfig) -> ParallelOps:
+    """The backend's data parallelism, or the one-process form (``LocalParallel``)."""
+    return backend.data_parallel or LocalParallel(train.logprob_path, train.logprob_chunk_tokens)
+
+
+def prepare_update(
     samples: list[Sample],
     backend: TrainBackend,
     algo: AlgoConfig,
@@ -116,11 +105,12 @@ def policy_update(
     temperature: float,
     pad_token_id: int,
     device: torch.device,
-) -> UpdateResult:
-    """Run the UloRL update on finished samples (whole groups). Returns metrics for tracking."""
-    dp = getattr(backend, "data_parallel", None)  # multi-process: ulorl.train.distributed.DataParallel
-    if dp is not None:
-        dp.begin_update(samples)  # rank 0 ships the samples; worker ranks run this function on them
+) -> PreparedUpdate | UpdateResult:
+    """Filter (dynamic sampling), batch, advantages, the no-grad pass (current log-probs, entropy),
+    old log-probs by IS mode, the mask and the pre-update statistics. An ``UpdateResult`` (not
+    updated, with its reason) when there is nothing to train on."""
+    dp = parallel_ops(backend, train)
+    dp.begin_update(samples)  # multi-process: rank 0 ships the samples; the other ranks run this on them
     rewards_all = torch.tensor([float(s.reward or 0.0) for s in samples])
     groups_all = torch.tensor([s.group_id for s in samples])
     metrics: dict[str, float] = {
@@ -135,11 +125,9 @@ def policy_update(
     if not kept:
         return UpdateResult(False, metrics, reason="dynamic sampling kept no group (all-equal rewards)")
 
-    if dp is not None:
-        check_sp_loss_agg(algo.loss_agg, dp.sp)
+    check_sp_loss_agg(algo.loss_agg, dp.sp)
     if algo.is_mode == "sais":
         check_sais_logprobs(kept)
-    model = backend.model
     batch = build_train_batch(kept, pad_token_id)
     resp = batch.response_mask
     n_tokens = batch.num_response_tokens
@@ -149,31 +137,26 @@ def policy_update(
     adv = group_advantages(batch.rewards, batch.group_ids, eps=algo.adv_eps, unbiased=algo.adv_std == "unbiased")
     over = rows_over_cap(batch, train.micro_batch_tokens)
     metrics["train/rows_over_cap"] = float(len(over))
-    if over and (dp is None or dp.sp == 1) and backend not in _WARNED_OVER_CAP:  # with SP they are sharded
+    if over and dp.sp == 1 and backend not in _WARNED_OVER_CAP:  # with SP they are sharded
         _WARNED_OVER_CAP.add(backend)
         log.warning("a row of %d tokens exceeds train.micro_batch_tokens=%d: trained alone in one micro-batch "
                     "over the cap (counted in train/rows_over_cap; warned once per run)", max(over),
                     train.micro_batch_tokens)
 
+    model = backend.model
     model.eval()
-    if dp is not None:  # sharded + all-reduced (default chunked path)
-        cur_lp, ent = dp.token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
-    else:
-        cur_lp, ent = current_token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16,
-                                          path=train.logprob_path, chunk_tokens=train.logprob_chunk_tokens)
+    cur_lp, ent = dp.token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
     old_lp = select_old_logprobs(algo.is_mode, cur_lp, batch.sais_logprobs) * resp
 
     sample_entropy = (ent * resp).sum(1) / resp.sum(1).clamp(min=1)
-    batch_entropy = float((ent * resp).sum() / n_tokens)
     mpt = mpt_mask(cur_lp, batch.rewards, resp, algo.mpt.tau)
     mask_in = MaskInputs(cur_lp, batch.rewards, resp, ent, tau=algo.mpt.tau, sigma=algo.mpt.sigma,
                          scope=algo.mpt.entropy_scope)
     loss_mask = MASK_MODES[algo.mpt.mode].mask(mask_in)
     active = MASK_MODES[algo.mpt.mode].active(mask_in)
-
     metrics.update(
         {
-            "train/entropy": batch_entropy,
+            "train/entropy": float((ent * resp).sum() / n_tokens),
             "train/entropy_sample_min": float(sample_entropy.min()),
             "train/mpt_frac": float(mpt.sum()) / n_tokens,
             "train/masked_frac": float(loss_mask.sum()) / n_tokens,
@@ -184,7 +167,23 @@ def policy_update(
             "train/adv_abs_mean": float(adv.abs().mean()),
         }
     )
+    return PreparedUpdate(kept, batch, adv, old_lp, loss_mask, metrics)
 
+
+def apply_update(
+    prep: PreparedUpdate,
+    backend: TrainBackend,
+    algo: AlgoConfig,
+    train: TrainConfig,
+    temperature: float,
+    device: torch.device,
+) -> UpdateResult:
+    """The optimizer loop: per mini-batch (``train.updates_per_step``), the clipped token-level loss
+    per micro-batch, backward, one optimizer step. A non-finite loss or gradient norm refuses the
+    rest of the update (the steps already taken stay)."""
+    dp = parallel_ops(backend, train)
+    model, batch, metrics = backend.model, prep.batch, dict(prep.metrics)
+    n_tokens = batch.num_response_tokens
     model.train()
     acc: dict[str, float] = {}
     pg_loss_total = 0.0
@@ -195,14 +194,12 @@ def policy_update(
         mb_tokens = mb.num_response_tokens
         mb_idx = torch.tensor(mb_rows, dtype=torch.long)
         # multi-process: this rank's shard, padded with weight-0 passes to the same count on every rank
-        plan = dp.micro_batches(mb, train.micro_batch_tokens) if dp is not None else [
-            (rows, 1.0) for rows in micro_batches(mb, train.micro_batch_tokens)]
-        for rows, weight in plan:
+        for rows, weight in dp.micro_batches(mb, train.micro_batch_tokens):
             sub = mb.rows(rows)
             idx = mb_idx[torch.tensor(rows, dtype=torch.long)]
             lo, width = 0, sub.targets.shape[1]
             with autocast_ctx(train.bf16, device):
-                if dp is not None and dp.sharded(sub, weight, train.micro_batch_tokens):
+                if dp.sharded(sub, weight, train.micro_batch_tokens):
                     # a row over the cap, split along the sequence over the SP group: this rank's positions
                     lp, _, lo = dp.sharded_stats(model, sub, temperature, device, train.logprob_chunk_tokens,
                                                  with_entropy=False)
@@ -213,17 +210,17 @@ def policy_update(
             part = slice(lo, lo + width)
             loss, m = policy_loss(
                 lp,
-                old_lp[idx, part].to(device),
-                adv[idx].to(device),
+                prep.old_logprobs[idx, part].to(device),
+                prep.advantages[idx].to(device),
                 sub.response_mask[:, part].to(device),
-                loss_mask=loss_mask[idx, part].to(device),
+                loss_mask=prep.loss_mask[idx, part].to(device),
                 eps_low=algo.eps_low,
                 eps_high=algo.eps_high,
                 num_tokens=mb_tokens,
                 loss_agg=algo.loss_agg,
                 num_seqs=len(mb_rows),
             )
-            if not (dp.all_finite(loss) if dp is not None else torch.isfinite(loss)):
+            if not dp.all_finite(loss):
                 backend.zero_grad()
                 refused = f"non-finite loss ({float(loss.detach())}); update refused"
                 break
@@ -245,8 +242,7 @@ def policy_update(
             return UpdateResult(False, metrics, reason=refused)
         # earlier mini-batches already stepped: keep them (the weights changed), report the refusal
         metrics["train/refused_minibatches"] = 1.0
-    if dp is not None:
-        pg_loss_total, acc = dp.reduce_loss_metrics(pg_loss_total, acc)
+    pg_loss_total, acc = dp.reduce_loss_metrics(pg_loss_total, acc)
     model.eval()
 
     metrics.update(
@@ -260,7 +256,24 @@ def policy_update(
             "train/updates": float(len(grad_norms)),
         }
     )
-    return UpdateResult(True, metrics, kept_samples=kept, loss_mask=loss_mask, batch=batch)
+    return UpdateResult(True, metrics, kept_samples=prep.kept, loss_mask=prep.loss_mask, batch=batch)
+
+
+def policy_update(
+    samples: list[Sample],
+    backend: TrainBackend,
+    algo: AlgoConfig,
+    train: TrainConfig,
+    temperature: float,
+    pad_token_id: int,
+    device: torch.device,
+) -> UpdateResult:
+    """Run the UloRL update on finished samples (whole groups): ``prepare_update`` then
+    ``apply_update``. Returns metrics for tracking."""
+    prep = prepare_update(samples, backend, algo, train, temperature, pad_token_id, device)
+    if isinstance(prep, UpdateResult):
+        return prep
+    return apply_update(prep, backend, algo, train, temperature, device)
 
 
 @torch.no_grad()

@@ -18,6 +18,7 @@ SLOW_ORDER = [
     "test_placement_ray.py",
     "test_gpu_check.py",            # ~50 + ~150 s
     "test_sweep_run.py",            # driver kill and resume
+    "test_long_row_e2e.py",         # ~250-370 s: a 32k-token row through the trainer
     "test_multinode_ray.py",        # ~200-400 s
     "test_learning_signal.py",      # six seeds of the default experiment
     "test_warmstart_rebuild.py",    # the full warm-start rebuild

@@ -35,7 +35,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -222,13 +222,16 @@ class RemoteEngine:
     """``Engine`` protocol over rollout-engine actors: requests are split into contiguous chunks
     (one per engine, order kept), weights go to every engine."""
 
-    def __init__(self, handles: list[Any], eos_token_id: int) -> None:
+    def __init__(self, handles: list[Any], eos_token_id: int, bucket_mb: float = 256.0) -> None:
         if not handles:
             raise ValueError("RemoteEngine needs at least one engine actor")
         self.handles = handles
         self.eos_token_id = eos_token_id
         self.policy_version = 0
         self.last_stats: Any = None
+        self.bucket_bytes = int(bucket_mb * (1 << 20))
+        self.last_update_messages = 0
+        self.last_update_bytes = 0
 
     def generate(self, requests: list[Any], sampling: Any) -> list[Any]:
         import ray
@@ -246,11 +249,37 @@ class RemoteEngine:
         return results
 
     def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.update_weights_streamed(state_dict.items(), version)
+
+    def update_weights_streamed(self, weights: Iterable[tuple[str, Any]], version: int) -> None:
+        """Ship ``(name, tensor)`` pairs to every engine actor one bucket (``bucket_bytes``) at a time:
+        one bucket in Ray's object store at once, never the whole model; the actors feed their
+        engine's own streamed update (``EngineActor.begin_update / push_bucket / finish_update``)."""
         import ray
 
-        ref = ray.put({k: v.detach().cpu() for k, v in state_dict.items()})
-        ray.get([h.update_weights.remote(ref, version) for h in self.handles])
+        from ulorl.rollout.weight_sync import bucketize, tensor_nbytes  # torch: only where weights move
+
+        if self.bucket_bytes <= 0:
+            raise ValueError(f"rollout.weight_sync_bucket_mb must be > 0 (got {self.bucket_bytes} bytes)")
+        ray.get([h.begin_update.remote(version) for h in self.handles])
+        messages = nbytes = 0
+        try:
+            for bucket in bucketize(weights, self.bucket_bytes):
+                cpu = [(name, t.detach().cpu()) for name, t in bucket]
+                del bucket
+                ref = ray.put(cpu)
+                nbytes += sum(tensor_nbytes(t) for _, t in cpu)
+                del cpu
+                ray.get([h.push_bucket.remote(ref) for h in self.handles])
+                del ref
+                messages += 1
+        finally:
+            loaded = ray.get([h.finish_update.remote() for h in self.handles])
+        sent = {int(n) for n in loaded}
+        if len(sent) != 1:
+            raise RuntimeError(f"engine actors loaded different tensor counts: {loaded}")
         self.policy_version = int(version)
+        self.last_update_messages, self.last_update_bytes = messages, nbytes
 
 
 def _sum_stats(stats: list[Any]) -> Any:
@@ -302,6 +331,52 @@ class EngineActor:
     def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         self.engine.update_weights(state_dict, version)
 
+    # streamed update: the trainer pushes buckets; a streaming engine (vLLM) consumes them as they come
+    # in a background thread (one bucket queued at a time), any other engine gets them as one dict
+    def begin_update(self, version: int) -> None:
+        import queue
+        import threading
+
+        self._bucket_queue: Any = queue.Queue(maxsize=1)
+        self._loaded = 0
+        self._error: BaseException | None = None
+        self._version = version
+        streamed = getattr(self.engine, "update_weights_streamed", None)
+
+        def pairs() -> Iterator[tuple[str, Any]]:
+            while (bucket := self._bucket_queue.get()) is not None:
+                for pair in bucket:
+                    self._loaded += 1
+                    yield pair
+
+        def consume() -> None:
+            try:
+                if streamed is not None:
+                    streamed(pairs(), version)
+                else:
+                    self.engine.update_weights(dict(pairs()), version)
+            except BaseException as exc:  # handed to finish_update, which raises it in the caller
+                self._error = exc
+                for _ in iter(self._bucket_queue.get_nowait, None):  # drain so a blocked push returns
+                    pass
+
+        self._consumer = threading.Thread(target=consume, name="ulorl-weight-update", daemon=True)
+        self._consumer.start()
+
+    def push_bucket(self, bucket: list[tuple[str, Any]]) -> None:
+        if self._error is not None:
+            raise RuntimeError("the engine's streamed weight update failed") from self._error
+        self._bucket_queue.put(bucket)
+
+    def finish_update(self) -> int:
+        """End the update (the engine finishes its load); returns the tensors it was given."""
+        if self._error is None:
+            self._bucket_queue.put(None)
+        self._consumer.join()
+        if self._error is not None:
+            raise RuntimeError("the engine's streamed weight update failed") from self._error
+        return self._loaded
+
 
 class TrainerActor:
     """One trainer worker (a torch.distributed rank); rank 0 runs the Trainer."""
@@ -329,7 +404,7 @@ class TrainerActor:
                            str(ckpt) if ckpt else None))
 
         def engine_factory(rollout_cfg: Any, model: Any, tokenizer: Any) -> RemoteEngine:
-            return RemoteEngine(engines, tokenizer.eos_token_id)
+            return RemoteEngine(engines, tokenizer.eos_token_id, rollout_cfg.weight_sync_bucket_mb)
 
         trainer = Trainer(cfg, engine_factory=engine_factory if engines else None, step_callback=report,
                           progress=False, **trainer_kwargs)

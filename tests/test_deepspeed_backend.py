@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ds_fixtures import build_random_model, experiment, released_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAM_ATOL = 1e-5
@@ -40,51 +41,8 @@ SAVE_AT = 1
 # ----------------------------------------------------------------------------- shared helpers
 
 
-def build_random_model(out: Path) -> Path:
-    """The embedded architecture with random weights (seeded), saved with its tokenizer."""
-    from ulorl.models.tiny import build_tiny_model
-    from ulorl.models.tokenizer import build_tokenizer
-
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
-    model = build_tiny_model(tok, seed=0)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
-def experiment(model_dir: Path, **train: object):
-    from ulorl.config import config_from_dict
-
-    t = {"lr": 1e-4, "grad_clip": 1.0, "micro_batch_tokens": 96, "updates_per_step": 2, "threads": 1,
-         "backend": "deepspeed", "deepspeed": {"zero_stage": 2}}
-    t.update(train)
-    return config_from_dict({
-        "model": {"name_or_path": str(model_dir)},
-        "rollout": {"temperature": 0.85},
-        "algo": {"is_mode": "pois", "mpt": {"mode": "dynamic", "tau": 0.99, "sigma": 0.2}},
-        "train": t,
-    })
-
-
 def fixed_samples(vocab: int, seed: int = 0, groups: int = 5, group_size: int = 4):
-    """Released groups with mixed rewards and uneven lengths (so ranks get uneven micro-batch counts)."""
-    from ulorl.rollout.types import Sample, SampleStatus, SegmentSpan
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for gid in range(groups):
-        prompt = torch.randint(3, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
-        rewards = [1.0, 0.0] + [float(torch.randint(0, 2, (1,), generator=g)) for _ in range(group_size - 2)]
-        for k in range(group_size):
-            t = int(torch.randint(2, 30 + 10 * gid, (1,), generator=g))
-            resp = torch.randint(3, vocab, (t,), generator=g).tolist()
-            out.append(Sample(
-                sample_id=gid * group_size + k, group_id=gid, prompt_ids=prompt, response_ids=resp,
-                sampling_logprobs=[-1.0] * t, segments=[SegmentSpan(0, t, 0)],
-                status=SampleStatus.FINISHED, reward=rewards[k],
-            ))
-    return out
+    return released_groups(vocab, seed, groups, group_size)
 
 
 def poisoned_samples(samples: list) -> list:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ds_fixtures import build_random_model, experiment, released_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 2
@@ -26,45 +27,12 @@ CAP = 48           # train.micro_batch_tokens: rows of 49+ tokens go to sequence
 PARAM_ATOL = 1e-5
 
 
-def experiment(model_dir: Path, **train: object):
-    from ulorl.config import config_from_dict
-
-    t = {"lr": 1e-4, "grad_clip": 1.0, "micro_batch_tokens": CAP, "updates_per_step": 2, "threads": 1,
-         "backend": "deepspeed", "deepspeed": {"zero_stage": 2}, "sequence_parallel": 2}
-    t.update(train)
-    return config_from_dict({
-        "model": {"name_or_path": str(model_dir)},
-        "rollout": {"temperature": 0.85},
-        "algo": {"is_mode": "pois", "mpt": {"mode": "dynamic", "tau": 0.99, "sigma": 0.2}},
-        "train": t,
-    })
+def sp_experiment(model_dir: Path, **train: object):
+    return experiment(model_dir, **{"micro_batch_tokens": CAP, "sequence_parallel": 2, **train})
 
 
-def samples(vocab: int, groups: int = 4, group_size: int = 4) -> list:
-    from ulorl.rollout.types import Sample, SampleStatus, SegmentSpan
-
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for gid in range(groups):
-        prompt = torch.randint(3, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
-        rewards = [1.0, 0.0] + [float(torch.randint(0, 2, (1,), generator=g)) for _ in range(group_size - 2)]
-        for k in range(group_size):
-            t = int(torch.randint(2, 40 + 15 * gid, (1,), generator=g))
-            resp = torch.randint(3, vocab, (t,), generator=g).tolist()
-            out.append(Sample(sample_id=gid * group_size + k, group_id=gid, prompt_ids=prompt, response_ids=resp,
-                              sampling_logprobs=[-1.0] * t, segments=[SegmentSpan(0, t, 0)],
-                              status=SampleStatus.FINISHED, reward=rewards[k]))
-    return out
-
-
-def build_model_dir(out: Path) -> Path:
-    from ulorl.models.tiny import build_tiny_model
-    from ulorl.models.tokenizer import build_tokenizer
-
-    tok = build_tokenizer()
-    build_tiny_model(tok, seed=0).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+def samples(vocab: int) -> list:
+    return released_groups(vocab, groups=4, base_len=40, len_step=15)
 
 
 def _params(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -84,7 +52,7 @@ def _script(argv: list[str]) -> None:
     ap.add_argument("--stage", type=int, default=2, help="ZeRO stage")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    cfg = experiment(a.model, deepspeed={"zero_stage": a.stage})
+    cfg = sp_experiment(a.model, deepspeed={"zero_stage": a.stage})
     model, tok = load_policy(str(a.model))
     backend = DeepSpeedBackend(model, cfg.train)
     device = torch.device("cpu")
@@ -110,7 +78,7 @@ def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path, stag
     from ulorl.train.backend import TorchBackend
     from ulorl.train.update import policy_update
 
-    model_dir = build_model_dir(tmp_path / "model")
+    model_dir = build_random_model(tmp_path / "model")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(Path(__file__).resolve()), "--model", str(model_dir), "--out", str(tmp_path), "--stage", str(stage)]
@@ -119,7 +87,7 @@ def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path, stag
     res = json.loads((tmp_path / "result.json").read_text())
     assert res["ulysses_installed"] == ["sdpa"]
 
-    cfg = experiment(model_dir, backend="torch", sequence_parallel=1)
+    cfg = sp_experiment(model_dir, backend="torch", sequence_parallel=1)
     model, tok = load_policy(str(model_dir))
     backend = TorchBackend(model, cfg.train)
     ref = []

@@ -25,6 +25,15 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def check_labels(labels: torch.Tensor, lead: torch.Size, tensor: str, last_dim: str) -> None:
+    """``labels`` must be an integer tensor shaped ``lead``: ``tensor``'s shape without its ``last_dim``."""
+    if labels.shape != lead:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal {tensor} shape without the {last_dim} "
+                         f"dim {tuple(lead)}")
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise TypeError(f"labels must be an integer tensor, got {labels.dtype}")
+
+
 def check_temperature(temperature: float) -> float:
     t = float(temperature)
     if not t > 0.0:

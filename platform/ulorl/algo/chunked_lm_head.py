@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ulorl.algo._chunking import check_temperature, compute_dtype
+from ulorl.algo._chunking import check_labels, check_temperature, compute_dtype
 
 #: Token rows per chunk by default: one float32 [rows x V] temporary of at most this many elements
 #: (2**25 = 128 MiB; 220 rows at Qwen3's V = 151,936). Much smaller chunks are slower on CPU: each
@@ -279,13 +279,7 @@ def logprobs_from_hidden(
         differentiable w.r.t. ``hidden``, ``weight`` and ``bias``.
     """
     t = check_temperature(temperature)
-    if labels.shape != hidden.shape[:-1]:
-        raise ValueError(
-            f"labels shape {tuple(labels.shape)} must equal hidden shape without the hidden dim "
-            f"{tuple(hidden.shape[:-1])}"
-        )
-    if labels.is_floating_point() or labels.dtype == torch.bool:
-        raise TypeError(f"labels must be an integer tensor, got {labels.dtype}")
+    check_labels(labels, hidden.shape[:-1], "hidden", "hidden")
     lead = hidden.shape[:-1]
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_l = labels.reshape(-1).long()

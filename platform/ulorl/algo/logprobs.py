@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ulorl.algo._chunking import check_temperature, compute_dtype, resolve_chunk_rows
+from ulorl.algo._chunking import check_labels, check_temperature, compute_dtype, resolve_chunk_rows
 
 
 class _ChunkedLogProbs(torch.autograd.Function):
@@ -79,13 +79,7 @@ class _ChunkedLogProbs(torch.autograd.Function):
 def _prepare(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
     if logits.dim() < 1:
         raise ValueError("logits must have a vocabulary dim [..., V]")
-    if labels.shape != logits.shape[:-1]:
-        raise ValueError(
-            f"labels shape {tuple(labels.shape)} must equal logits shape without the vocab dim "
-            f"{tuple(logits.shape[:-1])}"
-        )
-    if labels.is_floating_point() or labels.dtype == torch.bool:
-        raise TypeError(f"labels must be an integer tensor, got {labels.dtype}")
+    check_labels(labels, logits.shape[:-1], "logits", "vocab")
     vocab = logits.shape[-1]
     # A copy happens here only for non-contiguous logits (e.g. logits[:, :-1]); slice before
     # the model's lm_head, or accept one copy in the logits' dtype.

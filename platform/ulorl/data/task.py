@@ -47,11 +47,16 @@ class TaskSpec:
 DEFAULT_SPEC = TaskSpec()
 
 
-def term_count_weights(spec: TaskSpec = DEFAULT_SPEC) -> dict[int, float]:
-    """Normalised P(k) for k in [min_terms, max_terms]."""
-    raw = {k: float(k - spec.min_terms + 1) ** -spec.alpha for k in range(spec.min_terms, spec.max_terms + 1)}
+def long_tail_weights(min_terms: int, max_terms: int, alpha: float) -> dict[int, float]:
+    """Normalised P(k) ∝ (k - min_terms + 1)^-alpha for k in [min_terms, max_terms]."""
+    raw = {k: float(k - min_terms + 1) ** -alpha for k in range(min_terms, max_terms + 1)}
     z = sum(raw.values())
     return {k: w / z for k, w in raw.items()}
+
+
+def term_count_weights(spec: TaskSpec = DEFAULT_SPEC) -> dict[int, float]:
+    """Normalised P(k) for k in [min_terms, max_terms]."""
+    return long_tail_weights(spec.min_terms, spec.max_terms, spec.alpha)
 
 
 def canonical(terms: Sequence[int]) -> str:

@@ -31,7 +31,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
-from ulorl.data.task import Split, canonical, is_correct, last_boxed_int, make_prompt, split_seed  # noqa: F401  (re-exported: same checks and prompt)
+from ulorl.data.task import Split, canonical, is_correct, last_boxed_int, long_tail_weights, make_prompt, split_seed  # noqa: F401,E501  (re-exported: same checks and prompt)
 from ulorl.data.types import PromptItem
 
 SOURCE = "embedded:choice"
@@ -61,9 +61,7 @@ CHOICE_SPEC = ChoiceSpec()
 
 def term_count_weights(spec: ChoiceSpec = CHOICE_SPEC) -> dict[int, float]:
     """Normalised P(k) for k in [min_terms, max_terms]."""
-    raw = {k: float(k - spec.min_terms + 1) ** -spec.alpha for k in range(spec.min_terms, spec.max_terms + 1)}
-    z = sum(raw.values())
-    return {k: w / z for k, w in raw.items()}
+    return long_tail_weights(spec.min_terms, spec.max_terms, spec.alpha)
 
 
 def is_heldout(terms: Sequence[int], spec: ChoiceSpec = CHOICE_SPEC) -> bool:

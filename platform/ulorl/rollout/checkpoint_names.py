@@ -23,22 +23,26 @@ from typing import Any, Optional
 import torch
 
 
-def has_conversions(model: Any) -> bool:
-    """True when ``model``'s parameter names differ from its checkpoint names (fused experts etc.)."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
-
-    return bool(get_model_conversion_mapping(model, add_legacy=False))
-
-
 def conversion_model(model_dir: str | Path) -> Optional[Any]:
     """A parameter-free (meta device) model of ``model_dir``'s architecture when its parameters need
-    converting back to checkpoint names, else None (dense Qwen3 / Llama: names are unchanged)."""
+    converting back to checkpoint names, else None (dense Qwen3 / Llama: names are unchanged).
+
+    Its conversion list is computed once here and kept on the model (``_weight_conversions``, where
+    ``revert_weight_conversion`` looks first), so a per-tensor revert does not walk the model's
+    modules again for every tensor of every update."""
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange
 
     config = AutoConfig.from_pretrained(str(model_dir))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return model if has_conversions(model) else None
+    # as revert_weight_conversion does for a model not built by from_pretrained: no prefix changes
+    conversions = [c for c in get_model_conversion_mapping(model, add_legacy=False) if not isinstance(c, PrefixChange)]
+    if not conversions:
+        return None
+    model._weight_conversions = conversions
+    return model
 
 
 def to_checkpoint_names(model: Optional[Any], named: Iterable[tuple[str, torch.Tensor]]

@@ -275,8 +275,7 @@ class RemoteEngine:
                 messages += 1
         finally:
             loaded = ray.get([h.finish_update.remote() for h in self.handles])
-        sent = {int(n) for n in loaded}
-        if len(sent) != 1:
+        if len({int(n) for n in loaded}) != 1:
             raise RuntimeError(f"engine actors loaded different tensor counts: {loaded}")
         self.policy_version = int(version)
         self.last_update_messages, self.last_update_bytes = messages, nbytes
@@ -357,8 +356,8 @@ class EngineActor:
                     self.engine.update_weights(dict(pairs()), version)
             except BaseException as exc:  # handed to finish_update, which raises it in the caller
                 self._error = exc
-                for _ in iter(self._bucket_queue.get_nowait, None):  # drain so a blocked push returns
-                    pass
+                while not self._bucket_queue.empty():  # free a push blocked on the full queue
+                    self._bucket_queue.get_nowait()
 
         self._consumer = threading.Thread(target=consume, name="ulorl-weight-update", daemon=True)
         self._consumer.start()

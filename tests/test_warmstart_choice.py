@@ -48,7 +48,7 @@ def test_choice_batches_carry_varied_correct_targets(tok) -> None:
         assert is_correct(resp, str(sum(terms))), resp
         texts.append(resp)
     assert any(t.startswith("\\boxed") for t in texts) or len(texts) < 10
-    assert any("\n+" in t for t in texts)  # continuation lines occur
+    assert any(" = " in t for t in texts) and any("; " in t for t in texts)  # line forms vary
 
 
 def test_step_entropy_hand_derived() -> None:
@@ -89,7 +89,7 @@ def test_smoke_rebuild_runs_and_loss_falls(tmp_path, monkeypatch) -> None:
     hist = manifest["history"]
     assert [h["step"] for h in hist] == [6, 12]
     assert hist[1]["loss"] < hist[0]["loss"] < math.log(len(build_tokenizer()))
-    assert set(hist[0]["acc_by_length"]) == {"<=32", "33-64", "65-128", "129-256", ">256"}
+    assert set(hist[0]["acc_by_length"]) == {"<=32", "33-64", "65-128", ">128"}
     assert hist[0]["entropy"] > 0
     assert manifest["config"]["profile"] == "choice"
     part = folder.with_name(folder.name + ".partial")

@@ -58,7 +58,8 @@ PROFILES: dict[str, TaskProfile] = {
         make_split=task_choice.make_split,
         training_solution=lambda item, rng: task_choice.training_solution(item, rng),
         asset_dir="embedded_choice",
-        max_response_len=256,
+        max_response_len=192,          # references reach 128 tokens; spaced forms of them ~175
+        length_edges=(32, 64, 128),
     ),
 }
 

@@ -30,6 +30,7 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 from ulorl.data.task import Split, canonical, is_correct, last_boxed_int, long_tail_weights, make_prompt, split_seed  # noqa: F401,E501  (re-exported: same checks and prompt)
 from ulorl.data.types import PromptItem
@@ -42,15 +43,18 @@ class ChoiceSpec:
     """Parameters of the ``choice`` generator (its fields enter the warm-start cache key)."""
 
     min_terms: int = 2
-    max_terms: int = 18
+    max_terms: int = 12
     alpha: float = 0.7           # P(k) ∝ (k-1)^-alpha: long-tailed, yet every length bucket is populated
     low: int = 10                # term range, inclusive; the terms of a problem are distinct
     high: int = 99
-    max_group: int = 3           # a line adds 1..max_group next terms
-    continue_prob: float = 0.5   # share of later lines written as a continuation "+x+y=r"
-    guess_prob: float = 0.2      # share of warm-start targets that are a bare boxed answer
+    max_group: int = 1           # a line adds 1..max_group next terms
+    continue_prob: float = 0.0   # share of later lines written as a continuation "+x+y=r"
+    guess_prob: float = 0.15     # share of warm-start targets that are a bare boxed answer
+    plus_space_prob: float = 0.5  # a line writes " + " rather than "+"
+    eq_space_prob: float = 0.5    # a line writes " = " rather than "="
+    separators: tuple[str, ...] = ("\n", ", ", "; ", " ")  # what follows a line that is not the last
     heldout_modulus: int = 16
-    version: int = 1
+    version: int = 2
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,38 +77,58 @@ def is_heldout(terms: Sequence[int], spec: ChoiceSpec = CHOICE_SPEC) -> bool:
 CONTINUE = -1  # slot value of a continuation line
 
 
-def format_line(running: int, group: Sequence[int], slot: int) -> str:
-    """One derivation line: the running sum placed at ``slot`` (0..len(group)) among the group's
-    terms, then ``=`` and the new running sum; ``slot == CONTINUE`` leaves the running sum implicit.
-    ``format_line(68, [67, 12], 1) == "67+68+12=147"``, ``format_line(68, [67, 12], -1) == "+67+12=147"``."""
+@dataclass(frozen=True)
+class LineStyle:
+    """How one line is written (arithmetic unchanged): spaced operators and the text after it."""
+
+    plus_space: bool = False
+    eq_space: bool = False
+    separator: str = "\n"
+
+
+PLAIN = LineStyle()
+
+
+def format_line(running: int, group: Sequence[int], slot: int, style: LineStyle = PLAIN) -> str:
+    """One derivation line (without its separator): the running sum placed at ``slot``
+    (0..len(group)) among the group's terms, then ``=`` and the new running sum; ``slot == CONTINUE``
+    leaves the running sum implicit. ``format_line(68, [67, 12], 1) == "67+68+12=147"``,
+    ``format_line(68, [67, 12], -1) == "+67+12=147"``, spaced: ``"67 + 68 + 12 = 147"``."""
     ops = [str(x) for x in group]
+    plus = " + " if style.plus_space else "+"
+    eq = " = " if style.eq_space else "="
     if slot == CONTINUE:
-        return "+" + "+".join(ops) + f"={running + sum(group)}"
+        return plus.lstrip() + plus.join(ops) + f"{eq}{running + sum(group)}"
     if not 0 <= slot <= len(group):
         raise ValueError(f"slot must be in [0, {len(group)}] or CONTINUE, got {slot}")
     ops.insert(slot, str(running))
-    return "+".join(ops) + f"={running + sum(group)}"
+    return plus.join(ops) + f"{eq}{running + sum(group)}"
 
 
-def derivation(terms: Sequence[int], groups: Sequence[int], slots: Sequence[int]) -> str:
-    """Solution text for given group sizes (summing to k-1) and running-sum slots, ending in ``\\boxed{}``."""
+def derivation(terms: Sequence[int], groups: Sequence[int], slots: Sequence[int],
+               styles: Optional[Sequence[LineStyle]] = None) -> str:
+    """Solution text for given group sizes (summing to k-1), running-sum slots and line styles
+    (default: plain, one line each), ending in ``\\boxed{}``; the last line is always followed by a newline."""
     if len(terms) < 2:
         raise ValueError(f"need at least 2 terms, got {len(terms)}")
     if sum(groups) != len(terms) - 1 or len(groups) != len(slots) or min(groups, default=1) < 1:
         raise ValueError(f"groups {list(groups)} must be >= 1 and sum to {len(terms) - 1}, one slot each")
     if slots and slots[0] == CONTINUE:
         raise ValueError("the first line cannot be a continuation (there is no running sum yet)")
-    lines, s, i = [], terms[0], 1
-    for g, slot in zip(groups, slots):
-        lines.append(format_line(s, terms[i : i + g], slot))
+    styles = list(styles) if styles is not None else [PLAIN] * len(groups)
+    if len(styles) != len(groups):
+        raise ValueError(f"need one style per line: {len(styles)} styles for {len(groups)} lines")
+    parts, s, i = [], terms[0], 1
+    for n, (g, slot, st) in enumerate(zip(groups, slots, styles)):
+        parts.append(format_line(s, terms[i : i + g], slot, st) + ("\n" if n == len(groups) - 1 else st.separator))
         s += sum(terms[i : i + g])
         i += g
-    lines.append(f"\\boxed{{{s}}}")
-    return "\n".join(lines)
+    parts.append(f"\\boxed{{{s}}}")
+    return "".join(parts)
 
 
 def solve(terms: Sequence[int]) -> str:
-    """Reference solution: one term per line, running sum first (the longest derivation)."""
+    """Reference solution: one term per line, running sum first, plain (sets the length bucket)."""
     return derivation(terms, [1] * (len(terms) - 1), [0] * (len(terms) - 1))
 
 
@@ -112,33 +136,53 @@ def guess(terms: Sequence[int]) -> str:
     return f"\\boxed{{{sum(terms)}}}"
 
 
+def _bernoulli_h(p: float) -> float:
+    """Entropy (nats) of a coin with P(heads) = p."""
+    return -(p * math.log(p) + (1 - p) * math.log(1 - p)) if 0 < p < 1 else 0.0
+
+
+def _coin(rng: random.Random, p: float) -> tuple[bool, float]:
+    """A draw with P(True) = p and its self-information (nats)."""
+    hit = rng.random() < p
+    q = p if hit else 1 - p
+    return hit, (-math.log(q) if 0 < p < 1 else 0.0)
+
+
 def sample_solution(terms: Sequence[int], rng: random.Random, spec: ChoiceSpec = CHOICE_SPEC) -> tuple[str, float]:
     """A correct solution drawn from the target law, and the self-information ``-log p`` (nats) of
     the choices made; its mean over draws is the entropy of the target law for these terms."""
-    h = -(spec.guess_prob * math.log(spec.guess_prob) + (1 - spec.guess_prob) * math.log(1 - spec.guess_prob)) \
-        if 0 < spec.guess_prob < 1 else 0.0
-    if rng.random() < spec.guess_prob:
+    is_guess, h = _coin(rng, spec.guess_prob)
+    if is_guess:
         return guess(terms), h
     groups: list[int] = []
     slots: list[int] = []
+    styles: list[LineStyle] = []
     left = len(terms) - 1
     while left:
         opts = min(spec.max_group, left)
         g = rng.randint(1, opts)
         h += math.log(opts)
-        cont = bool(groups) and rng.random() < spec.continue_prob
-        if groups and 0 < spec.continue_prob < 1:
-            h -= (spec.continue_prob * math.log(spec.continue_prob)
-                  + (1 - spec.continue_prob) * math.log(1 - spec.continue_prob))
+        cont = False
+        if groups:
+            cont, hc = _coin(rng, spec.continue_prob)
+            h += hc
         if cont:
             slot = CONTINUE
         else:
             slot = rng.randint(0, g)
             h += math.log(g + 1)
+        plus_space, hp = _coin(rng, spec.plus_space_prob)
+        eq_space, he = _coin(rng, spec.eq_space_prob)
+        h += hp + he
+        left -= g
+        sep = "\n"
+        if left:  # the last line's newline before the boxed answer is fixed
+            sep = rng.choice(spec.separators)
+            h += math.log(len(spec.separators))
         groups.append(g)
         slots.append(slot)
-        left -= g
-    return derivation(terms, groups, slots), h
+        styles.append(LineStyle(plus_space, eq_space, sep))
+    return derivation(terms, groups, slots, styles), h
 
 
 def make_item(terms: Sequence[int], item_id: str) -> PromptItem:

@@ -23,7 +23,7 @@ from ulorl.scale.placement import PlacementError
 from ulorl.sweep import ranking
 from ulorl.sweep.placed import check_trials_fit, describe_resources, needs_placement, run_placed_trial, trial_resources
 from ulorl.sweep.server import MlflowServer
-from ulorl.sweep.spec import SweepError, SweepSpec, grid_trials, load_sweep, trial_run_name
+from ulorl.sweep.spec import SweepError, SweepSpec, grid_trials, load_sweep, seed_overrides, trial_run_name
 from ulorl.tracking import resolve_tracking_uri, schema
 from ulorl.tracking.run import RunTracker
 from ulorl.train.checkpoint import LATEST, checkpoint_root, latest_checkpoint
@@ -60,10 +60,7 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
     overrides["tracking.run_name"] = trial_run_name(
         meta["sweep_name"], trial_id, varied, "" if role == ranking.ROLE_SEARCH else role, rep)
     base = meta["base_dict"]
-    if rep:
-        seeded = apply_overrides(base, overrides)
-        overrides["train.seed"] = int(seeded.get("train", {}).get("seed", 0)) + rep
-        overrides["rollout.seed"] = int(seeded.get("rollout", {}).get("seed", 0)) + rep
+    overrides.update(seed_overrides(apply_overrides(base, overrides), rep))
     placed = needs_placement(config_from_dict(apply_overrides(base, overrides), source=meta["base_path"]))
     if not placed:  # a placed trial's actors take one thread per CPU of their own bundle
         overrides["train.threads"] = max(1, int(meta["cpu"]))
@@ -159,7 +156,8 @@ def _search_space(spec: SweepSpec) -> dict[str, Any]:
 
 def describe_trials(spec: SweepSpec, base: dict[str, Any], base_path: str | Path) -> list[dict[str, Any]]:
     """What ``--dry-run`` prints: the trials (grid) or the space and sample count (optuna), each with
-    the resources Tune will reserve for it (a placement group's bundles for multi-process trials)."""
+    the seeds of its repeat (grid) and the resources Tune will reserve for it (a placement group's bundles
+    for multi-process trials)."""
     cpu, gpu = spec.resources.cpu, spec.resources.gpu
     fixed = dict(spec.overrides)
 
@@ -168,7 +166,8 @@ def describe_trials(spec: SweepSpec, base: dict[str, Any], base_path: str | Path
         return describe_resources(cfg, cpu, gpu)
 
     if spec.search.algorithm == "grid":
-        return [{**t, "resources": resources(t["overrides"])}
+        return [{**t, "seeds": seed_overrides(apply_overrides(base, {**fixed, **t["overrides"]}), t["repeat"]),
+                 "resources": resources(t["overrides"])}
                 for t in grid_trials(spec) for _ in range(spec.num_samples)]
     res = resources({})  # optuna: the base with the fixed overrides (a searched resources.* key would change it)
     return [{"trial": i, "space": {k: d.model_dump(exclude_none=True) for k, d in spec.space.items()},

@@ -92,7 +92,7 @@ class Baseline(_S):
     """The configuration every trial is compared with: the base experiment plus the sweep's fixed
     overrides plus these overrides, same seeds and data order as the trials. It is run outside the
     searcher (so it never enters the Optuna study or importance statistics); with ``seeds: 2`` the
-    baseline and the best search trial are also re-run with train / rollout seed offset 1."""
+    baseline and the best search trial are also re-run with seed offset 1 (:func:`seed_overrides`)."""
 
     name: str = Field("baseline", description="label of the baseline trial (run name and ranking)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="dotted experiment keys of the baseline")
@@ -126,7 +126,8 @@ class SweepSpec(_S):
     overrides: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, Dim] = Field(default_factory=dict)
     variants: list[Variant] = Field(default_factory=list)
-    repeats: int = Field(1, ge=1, description="seeds per configuration (train.seed / rollout.seed offsets)")
+    repeats: int = Field(1, ge=1, description="seeds per configuration: repeat r adds r to data.seed (prompt order), "
+                         "rollout.seed and train.seed; data.task.seed (which problems exist) never changes")
     tags: dict[str, str] = Field(default_factory=dict)
     search: SearchConfig = SearchConfig()
     metric: Union[str, list[str]] = "eval/heldout/avg_at_k"
@@ -264,6 +265,23 @@ def trial_run_name(sweep: str, trial_id: str, values: dict[str, Any], role: str 
     summary = " ".join(f"{short_key(k, keys)}={short_value(v)}" for k, v in values.items())
     extra = " ".join(x for x in (role, f"seed+{seed_offset}" if seed_offset else "") if x)
     return " ".join(x for x in (f"{sweep}-{trial_id}", extra, summary) if x)
+
+
+# Seeds a repeat (seed offset r) shifts by r: the prompt order, the sampling draws, the start-up RNGs.
+# data.task.seed is not among them: it decides which problems exist (the held-out split too), and
+# arms compared on the same held-out problems must keep it.
+SEED_KEYS: tuple[str, ...] = ("data.seed", "rollout.seed", "train.seed")
+
+
+def seed_overrides(experiment: dict[str, Any], offset: int) -> dict[str, int]:
+    """Seeds of repeat ``offset``: every key of :data:`SEED_KEYS` = its value in ``experiment``
+    (a nested experiment dict, overrides applied; 0 when absent) + ``offset``.
+    ``seed_overrides({"train": {"seed": 5}}, 2) == {"data.seed": 2, "rollout.seed": 2, "train.seed": 7}``."""
+    out = {}
+    for key in SEED_KEYS:
+        section, name = key.split(".")
+        out[key] = int((experiment.get(section) or {}).get(name, 0) or 0) + int(offset)
+    return out
 
 
 def grid_trials(spec: SweepSpec) -> list[dict[str, Any]]:

@@ -228,7 +228,8 @@ def test_cli_json_one_object(tmp_path: Path, empty_db: Path, capsys: pytest.Capt
     assert rc == 0
     out = json.loads(capsys.readouterr().out)  # exactly one JSON object on stdout
     assert out["tables"]["table1"]["runs"] == 1 and out["tables"]["table1"]["not_run"] > 0
-    assert len(out["files"]) == len(EXPECTED_FILES)
+    assert len(out["files"]) == len(EXPECTED_FILES) + 2  # + claims.md, claims.json
+    assert {c["claim"] for c in out["claims"]} >= {"fig4_entropy", "table3_heldout", "headline"}
 
 
 def test_find_hints_reads_repo_sweeps(tmp_path: Path) -> None:

@@ -2,9 +2,12 @@
 
     ulorl-tables --tracking-uri sqlite:///$PWD/mlflow.db --out paper_tables/
 
-Writes table{1,2,3}.md / .tex (booktabs) / .csv, fig{2,4,5}.png and cells.csv (every cell -> its
-MLflow run ids). Cells without runs read "not run"; the notes under each table name the command
-that produces them.
+Writes table{1,2,3}.md / .tex (booktabs) / .csv, fig{2,4,5}.png, cells.csv (every cell -> its
+MLflow run ids) and claims.md / claims.json (the paper's claims over seeds: effect a - b, intervals
+across seeds and over held-out problems, verdict holds / does not hold / inconclusive / not enough
+seeds). Cells without runs read "not run"; the notes under each table name the command that
+produces them. Figures draw an arm run on several seeds as faint per-seed curves, their mean and
+a min-max band.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                   file=sys.stderr)
     from mlflow.exceptions import MlflowException
 
+    from ulorl.report.claims import write_claims
     from ulorl.report.store import RunStore
     from ulorl.report.tables import build_tables, find_hints, to_markdown, write_all
 
@@ -55,6 +59,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     hints = find_hints()
     equal_samples = args.table3_at == "samples"
     summary = write_all(store, args.out, hints, equal_samples)
+    claims = write_claims(store, args.out)
+    summary["files"] += claims["files"]
+    summary["claims"] = claims["rows"]
     summary["tracking_uri"] = uri
     if args.json:
         print(json.dumps(summary))
@@ -64,6 +71,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         for key, f in summary["figures"].items():
             state = "not run" if f["not_run"] else f"{f['runs']} run(s): {', '.join(f['lines'])}"
             print(f"{key}.png: {state}")
+        for row in summary["claims"]:
+            effect = "" if row["effect"] is None else f", effect {row['effect']:+.4f}"
+            print(f"claim {row['claim']} ({row['sweep'] or 'no sweep'}): {row['verdict']} "
+                  f"({row['seeds']} seed(s){effect})")
         print(f"\nwrote {len(summary['files'])} files to {summary['out']}")
     return 0
 

@@ -51,7 +51,7 @@ def test_verdicts() -> None:
     assert v(+1, [(-0.1, 0.2)], 3) == C.INCONCLUSIVE
     assert v(-1, [(-0.3, -0.01)], 3) == C.HOLDS and v(-1, [(0.01, 0.3)], 3) == C.NOT_HOLD
     assert v(+1, [(0.01, 0.3), (-0.02, 0.4)], 3) == C.INCONCLUSIVE   # every interval must agree
-    assert v(+1, [(0.01, 0.3)], 1) == C.FEW_SEEDS
+    assert v(+1, [(0.01, 0.3)], 1) == C.FEW_SEEDS and v(+1, [], 0) == C.FEW_SEEDS
     assert v(0, [(-0.02, 0.03)], 3, margin=0.05) == C.HOLDS
     assert v(0, [(-0.02, 0.08)], 3, margin=0.05) == C.INCONCLUSIVE
     assert v(0, [(0.06, 0.08)], 3, margin=0.05) == C.NOT_HOLD

@@ -421,13 +421,13 @@ def evaluate_group(store: RunStore, claim: Claim, group: Sequence[RunInfo], swee
         if claim.metric == M_HELDOUT_SAMPLES else None
     if budget is not None:
         res.notes.append(f"equal trained-samples budget {budget:.0f} (the fewest any run had at its last eval)")
-    diffs, a_scores, b_scores = [], [], []
+    diffs, a_scores, b_scores, missing = [], [], [], []
     for s in seeds:
         sigma = a[s].float_param("algo.mpt.sigma")
         va = run_value(store, a[s], claim.metric, budget, sigma)
         vb = run_value(store, b[s], claim.metric, budget, sigma)
         if va.value is None or vb.value is None:
-            res.notes += [v.note for v in (va, vb) if v.note]
+            missing += [v.note for v in (va, vb) if v.note]
             continue
         d = va.value - vb.value
         diffs.append(d)
@@ -450,9 +450,9 @@ def evaluate_group(store: RunStore, claim: Claim, group: Sequence[RunInfo], swee
             else:
                 res.problem_effect, res.problem_low, res.problem_high, res.problems = pooled
                 intervals.append((res.problem_low, res.problem_high))
-    res.verdict = verdict(claim.direction, intervals, len(diffs), claim.margin) if diffs else INCONCLUSIVE
-    if not diffs:
-        res.notes.append("no seed where both arms have the metric")
+    res.verdict = verdict(claim.direction, intervals, len(diffs), claim.margin)
+    if missing:
+        res.notes.append(f"{len(missing)} run(s) without the metric, their seeds left out: " + "; ".join(missing))
     if claim.with_baseline and res.seeds:
         res.notes.append("seed 0 of the best arm was selected on the held-out problems it is scored on")
     return res
@@ -514,8 +514,10 @@ def claims_markdown(results: Sequence[ClaimResult]) -> str:
     lines = ["### The paper's claims over seeds", "",
              "| " + " | ".join(CLAIMS_COLUMNS) + " |", "|" + "|".join("---" for _ in CLAIMS_COLUMNS) + "|"]
     for r in results:
-        cells = [r.claim, r.paper_says, r.arms, r.metric, r.sweep or "—", str(r.seeds), _f(r.effect),
-                 interval_text(r), f"**{r.verdict}**", " ".join(r.run_ids) or "—"]
+        per_seed = ", ".join(_f(p["diff"]) for p in r.per_seed)
+        effect = _f(r.effect) + (f" (per seed {per_seed})" if len(r.per_seed) > 1 else "")
+        cells = [r.claim, r.paper_says, r.arms, r.metric, r.sweep or "—", str(r.seeds), effect,
+                 interval_text(r), f"**{r.verdict}**", " ".join(rid[:8] for rid in r.run_ids) or "—"]
         lines.append("| " + " | ".join(esc(c) for c in cells) + " |")
     lines += ["", "- Effect: mean over seeds of the per-seed difference a - b (runs paired by data.seed, "
               "rollout.seed, train.seed, within one sweep). seeds t95: t-interval over the per-seed differences; "
@@ -524,7 +526,7 @@ def claims_markdown(results: Sequence[ClaimResult]) -> str:
               "- Verdict: 'holds' only if every interval excludes zero in the paper's direction, 'does not "
               "hold' if every one excludes it in the opposite direction, else 'inconclusive'; fewer than 2 "
               "seeds: 'not enough seeds'. No-difference claims hold only inside +-margin (ours). Only FINISHED "
-              "runs count."]
+              "runs count. Run ids: first 8 characters (claims.json has them in full, per seed)."]
     for r in results:
         lines += [f"- {r.claim} ({r.sweep or 'no sweep'}): {n}" for n in r.notes]
     return "\n".join(lines) + "\n"

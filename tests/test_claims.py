@@ -240,3 +240,42 @@ def test_write_claims_markdown_and_json(tmp_path: Path, empty_db: Path) -> None:
     js = json.loads((tmp_path / "o" / "claims.json").read_text())
     assert [r["claim"] for r in js] == [c.name for c in C.CLAIMS]
     assert all(r["verdict"] == "not run" and r["effect"] is None for r in out["rows"])
+
+
+def test_claims_read_real_training_runs(tmp_path: Path, empty_db: Path) -> None:
+    """Four real 2-step trainings of experiments/quickstart_choice.yaml (random-init model of its
+    architecture): masking off / static on seeds 0 and 1, tagged fig4. The claims pair them by their
+    logged seeds and read the trainer's own per-problem held-out CSVs."""
+    from ulorl.config import load_experiment
+    from ulorl.models.tiny import build_tiny_model
+    from ulorl.models.tokenizer import build_tokenizer
+    from ulorl.train.trainer import train
+
+    model_dir = tmp_path / "tiny"
+    tok = build_tokenizer()
+    build_tiny_model(tok, seed=0).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    shutil.copy(empty_db, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    base = Path(__file__).resolve().parents[1] / "experiments" / "quickstart_choice.yaml"
+    common = [f"model.name_or_path={model_dir}", "train.max_steps=2", "rollout.max_response_len=32",
+              "rollout.segments=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "eval.every=2",
+              "eval.num_problems=4", "eval.k=1", "algo.dynamic_sampling=false", f"tracking.uri={uri}",
+              "tracking.paper_ref=fig4", "train.threads=1", "train.checkpoint_every=2"]
+    ids = {}
+    for mode in ("off", "static"):
+        for seed in (0, 1):
+            over = common + [f"algo.mpt.mode={mode}", f"data.seed={seed}", f"rollout.seed={seed}",
+                             f"train.seed={seed}", f"train.output_dir={tmp_path / 'runs' / f'{mode}{seed}'}"]
+            ids[mode, seed] = train(load_experiment(base, over), progress=False).run_id
+    store = RunStore.open(uri)
+    results = C.evaluate_claims(store)
+    acc = _one(results, "fig4_heldout")
+    assert acc.seeds == 2 and acc.problems == 4
+    assert [(p["a_run"], p["b_run"]) for p in acc.per_seed] == [(ids["static", s], ids["off", s]) for s in (0, 1)]
+    want = [store.history(ids["static", s], C.HELDOUT)[1][-1] - store.history(ids["off", s], C.HELDOUT)[1][-1]
+            for s in (0, 1)]
+    assert [p["diff"] for p in acc.per_seed] == pytest.approx(want)
+    assert acc.verdict in (C.HOLDS, C.NOT_HOLD, C.INCONCLUSIVE)
+    ent = _one(results, "fig4_entropy")
+    assert ent.seeds == 2 and ent.effect is not None

@@ -3,7 +3,6 @@ seeds and its min-max band (real sqlite MLflow store, real matplotlib artists)."
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 

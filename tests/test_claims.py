@@ -67,7 +67,7 @@ def test_pooled_problem_interval_averages_seeds_per_problem_first() -> None:
     assert C.pooled_problem_interval([{"p1": 1.0}], [{"p2": 1.0}]) is None
 
 
-def test_registry_names_every_claim_of_the_issue_once() -> None:
+def test_registry_names_every_claim_once_with_a_direction() -> None:
     names = [c.name for c in C.CLAIMS]
     assert len(names) == len(set(names))
     assert {"fig4_entropy", "fig4_heldout", "fig5_entropy", "fig5_heldout", "table3_heldout",

@@ -64,3 +64,26 @@ def test_stats_json_subprocess() -> None:
     accs = [a for a in res["accuracy_by_length"].values() if a is not None]
     assert accs and all(0.0 <= a <= 1.0 for a in accs)
     assert "sampled" in r.stderr
+
+
+def test_response_form_splits_guesses_from_derivations() -> None:
+    from ulorl.cli.data import response_form
+
+    assert response_form("\\boxed{68}") == "guess"
+    assert response_form("68") == "guess"                      # no line, no box: still no derivation
+    assert response_form("23+45=68\n\\boxed{68}") == "derivation"
+    assert response_form("23 + 45 = 68, 68+67=135\n\\boxed{135}") == "derivation"
+
+
+def test_choice_profile_as_shipped_meets_its_targets(capsys) -> None:
+    """The shipped choice model keeps entropy, sits in the accuracy band and reaches the tail
+    (the README's command: 256 held-out items, seed 0)."""
+    assert main(["stats", "--profile", "choice", "--json", "--n", "256", "--seed", "0", "--threads", "1"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["profile"] == "choice" and res["sampling"]["max_new_tokens"] == 192
+    assert res["sampling_entropy"] >= 0.2 and 0.2 <= res["accuracy"] <= 0.8
+    assert set(res["accuracy_by_length"]) == {"<=32", "33-64", "65-128"}  # no reference is longer
+    assert min(res["accuracy_by_length"].values()) >= 0.2
+    forms = res["accuracy_by_form"]
+    assert forms["guess"]["n"] + forms["derivation"]["n"] == 256
+    assert forms["derivation"]["accuracy"] > (forms["guess"]["accuracy"] or 0.0)  # length buys accuracy

@@ -1,8 +1,8 @@
 """``ulorl-train experiments/quickstart_choice.yaml`` end to end (shrunk): what MLflow holds.
 
-The experiment runs on a random-init model of the profile's architecture: the data side
-(``embedded:choice`` prompts and held-out split) needs no shipped weights. The profile's
-warm-started weights are not shipped yet (README: the choice profile).
+One run on the shipped warm-started model (``embedded:choice``, as the experiment file names it),
+one on a random-init model of the same architecture (the data side, ``embedded:choice`` prompts and
+held-out split, needs no shipped weights).
 """
 
 from __future__ import annotations
@@ -48,3 +48,7 @@ def test_quickstart_choice_data_side_end_to_end(tmp_path: Path) -> None:
     build_tiny_model(tok, seed=0).save_pretrained(folder)
     tok.save_pretrained(folder)
     _run_and_check(tmp_path, str(folder), f"model.name_or_path={folder}")
+
+
+def test_quickstart_choice_as_shipped_end_to_end(tmp_path: Path) -> None:
+    _run_and_check(tmp_path, "embedded:choice")

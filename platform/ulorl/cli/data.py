@@ -10,8 +10,8 @@
     ulorl-data stats --profile choice --json      # its stats (sampling_entropy, accuracy_by_length)
 
 Profiles (--profile): default = embedded (running sums, one solution, the fast default);
-choice = embedded:choice (distinct two-digit terms, free grouping and line forms or a short guess;
-max response length 256).
+choice = embedded:choice (distinct two-digit terms, free operand order, spacing and line separators,
+or a short guess; max response length 192).
 
 Subcommands:
   warmstart  short supervised pass on the task until held-out accuracy (temperature 0.85) reaches
@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "or a folder or HF id")
     s.add_argument("--no-accuracy", action="store_true", help="lengths only (no model sampling)")
     s.add_argument("--max-new-tokens", type=int, default=None,
-                   help="global max response length (default: the profile's, 512 default / 256 choice)")
+                   help="global max response length (default: the profile's, 512 default / 192 choice)")
     s.add_argument("--temperature", type=float, default=0.85)
     s.add_argument("--top-p", type=float, default=1.0)
     s.add_argument("--batch-size", type=int, default=64)
@@ -169,13 +169,21 @@ def _target_entropy(profile: str, items: list, tok, draws: int = 4, seed: int = 
     return nats / max(ntok, 1)
 
 
+def response_form(text: str) -> str:
+    """``"guess"`` for a response that boxes an answer with no ``=`` line before it (a short guess),
+    else ``"derivation"``. ``response_form("\\\\boxed{68}") == "guess"``."""
+    head = text.rsplit("\\boxed", 1)[0] if "\\boxed" in text else text
+    return "derivation" if "=" in head else "guess"
+
+
 def compute_stats(n: int, seed: int, model_name: Optional[str], max_new_tokens: Optional[int] = None,
                   temperature: float = 0.85, top_p: float = 1.0, batch_size: int = 64,
                   threads: Optional[int] = None, progress: bool = True, profile: str = "default") -> dict[str, Any]:
     """Length percentiles of ``n`` held-out references of ``profile``, the target law's entropy and
     (if ``model_name``) accuracy by length bucket and mean sampling entropy per response token.
 
-    ``max_new_tokens`` defaults to the profile's max response length (default 512, choice 256).
+    ``max_new_tokens`` defaults to the profile's max response length (default 512, choice 192).
+    ``accuracy_by_length`` lists the non-empty buckets (``bucket_counts`` lists them all).
     """
     import os
 
@@ -221,9 +229,11 @@ def compute_stats(n: int, seed: int, model_name: Optional[str], max_new_tokens: 
                            batch_size=batch_size, seed=seed, on_batch=on_batch)
     correct = [0.0] * n
     resp_len = [0] * n
+    forms: dict[str, list[float]] = {"guess": [], "derivation": []}
     truncated, ent, ntok = 0, 0.0, 0
     for i, r in zip(order, res):
         correct[i] = reward(r.text, items[i].answer, not r.hit_eos)
+        forms[response_form(r.text)].append(correct[i])
         resp_len[i] = r.n_tokens
         truncated += not r.hit_eos
         ent += r.entropy_sum
@@ -234,8 +244,9 @@ def compute_stats(n: int, seed: int, model_name: Optional[str], max_new_tokens: 
     out.update({
         "model": model_name,
         "accuracy": sum(correct) / max(n, 1),
-        "accuracy_by_length": {b: (sum(v) / len(v) if v else None) for b, v in by.items()},
+        "accuracy_by_length": {b: sum(v) / len(v) for b, v in by.items() if v},  # non-empty buckets only
         "sampling_entropy": ent / max(ntok, 1),
+        "accuracy_by_form": {f: {"n": len(v), "accuracy": (sum(v) / len(v) if v else None)} for f, v in forms.items()},
         "response_length_percentiles": _percentiles(resp_len),
         "truncated": truncated,
         "sampling": {"temperature": temperature, "top_p": top_p, "top_k": -1, "max_new_tokens": max_new_tokens},
@@ -267,7 +278,7 @@ def print_stats_table(st: dict[str, Any]) -> None:
     for b, cnt in st["bucket_counts"].items():
         row = [b, str(cnt)]
         if "accuracy" in st:
-            a = st["accuracy_by_length"][b]
+            a = st["accuracy_by_length"].get(b)
             row.append("-" if a is None else f"{a:.3f}")
         t2.add_row(*row)
     if "accuracy" in st:
@@ -275,6 +286,9 @@ def print_stats_table(st: dict[str, Any]) -> None:
     con.print(t2)
     con.print(f"warm-start targets: {st['target_entropy']:.3f} nats/token of choice")
     if "accuracy" in st:
+        con.print("by form: " + "; ".join(
+            f"{f} {d['n']} responses, accuracy {'-' if d['accuracy'] is None else format(d['accuracy'], '.3f')}"
+            for f, d in st["accuracy_by_form"].items()))
         con.print(f"sampling entropy: {st['sampling_entropy']:.3f} nats/token; verifier: {st['verifier']}; "
                   f"truncated: {st['truncated']}; sampling took {st['sampling_s']}s")
 

@@ -113,8 +113,8 @@ def resolve_model(model: str, uri: str, tmp: str) -> tuple[str, str]:
     """(local path or name for load_policy, default label). ``runs:/<id>/<path>`` is downloaded."""
     m = _RUNS_URI.match(model)
     if not m:
-        if model == "embedded":
-            return model, "embedded"
+        if model.split(":")[0] == "embedded":  # "embedded" or "embedded:<profile>"
+            return model, model
         return model, Path(model).name if os.path.exists(model) else model
     from mlflow.artifacts import download_artifacts
     from mlflow.exceptions import MlflowException

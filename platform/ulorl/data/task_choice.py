@@ -1,26 +1,28 @@
 """The ``choice`` embedded task: running sums where correct solutions differ (profile ``embedded:choice``).
 
 A problem is ``k`` distinct two-digit numbers, ``k`` long-tailed on [2, max_terms]. The response
-adds them left to right, but how it writes the work is free — every form is verifiably correct
-(the reward checks only the final ``\\boxed{}``)::
+adds them left to right, one term per line as in the default task, but how it writes the work is
+free — every form is verifiably correct (the reward checks only the final ``\\boxed{}``)::
 
     prompt:     "Add: 23+45+67+12\\n"
-    reference:  "23+45=68\\n68+67=135\\n135+12=147\\n\\boxed{147}"   (one term per line; sets the length bucket)
-    also right: "45+23+67=135\\n135+12=147\\n\\boxed{147}"           (a group of 2, running sum moved)
-                "23+45+67+12=147\\n\\boxed{147}"                       (everything at once)
-                "\\boxed{147}"                                         (a short guess)
+    reference:  "23+45=68\\n68+67=135\\n135+12=147\\n\\boxed{147}"   (plain; sets the length bucket)
+    also right: "45 + 23=68, 68+67 = 135; 12+135=147\\n\\boxed{147}"  (operand order, spacing, separators)
+                "\\boxed{147}"                                          (a short guess)
 
-Choices of a derivation, each line: how many of the next terms to add (1..max_group, uniform),
-and the line's form: after the first line, with probability ``continue_prob`` a continuation
-``+67+12=214`` that leaves the running sum implicit, else a full line with the running sum at any
-of the g+1 operand slots (uniform). The terms keep prompt order, so "the term after the last one
-used" stays a simple pointer. Before the lines: derive or guess (``guess_prob``). Bigger groups and
-guesses are shorter and harder (more arithmetic in
-one step), so longer outputs are more accurate: the length-buys-accuracy trade-off of the paper.
+Choices of a derivation (the shipped law, ``CHOICE_SPEC``): before the lines, derive or guess
+(``guess_prob``); on each line, the running sum first or second (commutativity, uniform), ``+`` and
+``=`` each spaced or not (``plus_space_prob``, ``eq_space_prob``), and what joins the line to the
+next (``separators``, uniform; the last line always ends in a newline). The arithmetic of a line is
+always the default task's ``s + x``, so the warm start learns it about as fast as the default's.
+A guess is short and almost always wrong beyond two terms, so longer outputs are more accurate:
+the length-buys-accuracy trade-off of the paper. The generator also supports lines adding up to
+``max_group`` terms with the running sum at any operand slot and continuation lines ``+67+12=214``
+(``continue_prob``); the shipped law leaves them off (``max_group = 1``, ``continue_prob = 0``)
+because a first build with them stalled at accuracy 0.03 after ~8M tokens.
 
 ``sample_solution`` draws from this law (the warm start's targets) and returns the exact
 ``-log p`` of the choices behind the draw, so the targets' entropy per token is measurable
-(``ulorl-data stats --profile choice`` prints it as ``target_entropy``).
+(``ulorl-data stats --profile choice`` prints it as ``target_entropy``: 0.21 nats/token).
 """
 
 from __future__ import annotations

@@ -54,10 +54,13 @@ def architecture_of(name_or_path: str) -> Architecture | None:
     if name_or_path in KNOWN_ARCHITECTURES:
         return KNOWN_ARCHITECTURES[name_or_path]
     cfg_file = None
-    if name_or_path == "embedded":
-        from ulorl.models.loading import embedded_model_dir
+    if name_or_path.split(":")[0] == "embedded":  # any embedded profile
+        from ulorl.models.loading import ModelLoadError, resolve_model_path
 
-        cfg_file = Path(embedded_model_dir()) / "config.json"
+        try:
+            cfg_file = Path(resolve_model_path(name_or_path)) / "config.json"
+        except ModelLoadError:  # asset not built (or unknown profile): no architecture to plan with
+            return None
     elif Path(name_or_path, "config.json").is_file():
         cfg_file = Path(name_or_path, "config.json")
     if cfg_file is None or not cfg_file.is_file():

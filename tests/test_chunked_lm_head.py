@@ -179,3 +179,30 @@ def test_logprobs_only_pass_has_the_same_gradient():
     torch.testing.assert_close(lp, rlp, **TOL)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, **TOL)
+
+
+def test_bf16_weight_gradient_accumulates_in_float32_over_many_chunks():
+    """A bf16 head over 4,096 one-token chunks: every token adds a same-sign term (1 - p) h to
+    grad W[label], ~2,000 in all. A bf16 running sum stalls once it reaches a few hundred (its
+    spacing there exceeds the terms); the float32 accumulator keeps the float32 reference within
+    the final bf16 rounding (2^-8 relative)."""
+    g = torch.Generator().manual_seed(7)
+    n, hdim, vocab = 4096, 4, 5
+    h32 = torch.rand(n, hdim, generator=g) + 0.5          # positive: the terms of grad W[0] never cancel
+    w32 = torch.randn(vocab, hdim, generator=g) * 0.1
+    labels = torch.zeros(n, dtype=torch.long)
+    w = w32.to(torch.bfloat16).requires_grad_(True)
+    lp, _ = logprobs_from_hidden(h32.to(torch.bfloat16), w, labels, chunk_tokens=1)
+    (gw,) = torch.autograd.grad(lp.sum(), w)
+    assert gw.dtype == torch.bfloat16
+    wr = w.detach().float().requires_grad_(True)          # same bf16 values, float32 math
+    rlp, _ = _ref(h32.to(torch.bfloat16).float(), wr, None, labels, 1.0)
+    (gr,) = torch.autograd.grad(rlp.sum(), wr)
+    assert float(gr[0].min()) > 1000                       # the sums a bf16 accumulator cannot reach
+    torch.testing.assert_close(gw.float(), gr, atol=1e-3, rtol=2**-7)
+    # what a bf16 running sum of the same per-token terms gives: far off (the test can fail)
+    p0 = torch.softmax(h32.to(torch.bfloat16).float() @ wr.detach().t(), dim=-1)[:, 0]
+    acc = torch.zeros(hdim, dtype=torch.bfloat16)
+    for t in range(n):
+        acc += ((1 - p0[t]) * h32[t].to(torch.bfloat16).float()).to(torch.bfloat16)
+    assert float(((acc.float() - gr[0]).abs() / gr[0]).max()) > 0.1

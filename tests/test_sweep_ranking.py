@@ -94,3 +94,24 @@ def test_best_index_breaks_ties_by_trial_id_like_the_ranking():
     assert ranking.best_index([None, float("nan")], ["a", "b"]) is None
     trials = [_trial("c", "search", 0, [0.5], objective=0.52), _trial("b", "search", 0, [0.5], objective=0.52)]
     assert ranking.ranking_rows(trials)[0]["run_id"] == "b"
+
+
+def test_best_command_of_a_variant_sweep_carries_the_variant_and_its_seeds(tmp_path):
+    """A grid sweep over variants with repeats: the best trial's command must re-create that trial,
+    i.e. carry its variant's overrides and, for seed offset 2, the repeat's three seeds."""
+    from ulorl.sweep.spec import SweepSpec
+
+    base = {"data": {"seed": 0}, "rollout": {"seed": 5}, "train": {"seed": 0}}
+    spec = SweepSpec.model_validate({
+        "name": "s", "base": "x.yaml", "search": {"algorithm": "grid"}, "repeats": 3, "stop": {"steps": 150},
+        "variants": [{"name": "off", "overrides": {"algo.mpt.mode": "off"}},
+                     {"name": "dmmpt", "overrides": {"algo.mpt.mode": "dynamic", "algo.mpt.sigma": 0.2}}]})
+    fixed = ranking.fixed_overrides(spec)
+    best = _trial("r1", "search", 2, [1.0])
+    best.variant = "dmmpt"
+    out = ranking.best_trial_overrides(spec, base, fixed, best)
+    assert out == {"train.max_steps": 150, "algo.mpt.mode": "dynamic", "algo.mpt.sigma": 0.2,
+                   "data.seed": 2, "rollout.seed": 7, "train.seed": 2}
+    seed0 = _trial("r0", "search", 0, [1.0])
+    seed0.variant = "off"
+    assert ranking.best_trial_overrides(spec, base, fixed, seed0) == {"train.max_steps": 150, "algo.mpt.mode": "off"}

@@ -32,6 +32,7 @@ from rich.table import Table
 
 from ulorl.config import apply_overrides, config_from_dict, flatten_config
 from ulorl.eval.metrics import bootstrap_ci
+from ulorl.sweep.spec import seed_overrides
 from ulorl.tracking import schema
 
 N_BOOT = 2000
@@ -306,6 +307,18 @@ def fixed_overrides(spec: Any) -> dict[str, Any]:
     return fixed
 
 
+def best_trial_overrides(spec: Any, base: dict[str, Any], fixed: dict[str, Any], trial: Trial) -> dict[str, Any]:
+    """The overrides that re-run ``trial``: the sweep's fixed ones, its variant's (a grid sweep over
+    ``variants``), its searched values (typed through the schema) and, for a repeat on seed offset
+    r > 0, that repeat's seeds."""
+    variant = next((v for v in getattr(spec, "variants", []) or [] if v.name and v.name == trial.variant), None)
+    out = {**fixed, **(dict(variant.overrides) if variant is not None else {})}
+    out.update(typed_values(base, out, trial.searched))
+    if trial.seed_offset:
+        out.update(seed_overrides(apply_overrides(base, out), trial.seed_offset))
+    return out
+
+
 def summarize(client: Any, parent_run_id: str, spec: Any, base: dict[str, Any], base_path: Path) -> dict[str, Any]:
     """Ranking rows, best search trial, verdict and the command that re-runs the best trial."""
     metric, mode = spec.metrics[0], spec.modes[0]
@@ -316,7 +329,7 @@ def summarize(client: Any, parent_run_id: str, spec: Any, base: dict[str, Any], 
     command = None
     if best is not None:
         trial = next(t for t in trials if t.run_id == best["run_id"])
-        command = train_command(base_path, {**fixed, **typed_values(base, fixed, trial.searched)})
+        command = train_command(base_path, best_trial_overrides(spec, base, fixed, trial))
     v = verdict(trials, mode)
     k = next((t.params.get("eval.k") for t in trials if t.params.get("eval.k")), None)
     problems = max((len(t.scores) for t in trials), default=0)
@@ -358,7 +371,8 @@ def print_summary(summary: dict[str, Any], spec: Any, file: Any = None) -> None:
     console.print(table)
     best = summary.get("best")
     if best is not None:
-        values = ", ".join(f"{k}={best.get(k)}" for k in searched if k in best)
+        values = ", ".join([f"variant {best['variant']}"] * bool(best.get("variant"))
+                           + [f"{k}={best.get(k)}" for k in searched if k in best])
         console.print(f"best search trial: {best['run_name']} (run {best['run_id']}): {values}", soft_wrap=True)
     console.print(summary.get("verdict") or "verdict: -", soft_wrap=True)
     if summary.get("not_covered"):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 from mlflow.entities import Metric, Param
-from mlflow.tracking import MlflowClient
 
 from ulorl.report import claims as C
 from ulorl.report.store import RunStore
-from ulorl.tracking import artifact_root_for, schema
+from mlflow_store import StoreBase, migrated_empty_db
+from ulorl.tracking import schema
 
 T975_2 = 4.302652729911275  # t_{0.975, 2}
 
@@ -81,18 +81,10 @@ def test_registry_names_every_claim_once_with_a_direction() -> None:
 
 @pytest.fixture(scope="module")
 def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
-    return db
+    return migrated_empty_db(tmp_path_factory.mktemp("template"))
 
 
-class Store:
-    def __init__(self, tmp_path: Path, template: Path) -> None:
-        shutil.copy(template, tmp_path / "mlflow.db")
-        self.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-        self.client = MlflowClient(tracking_uri=self.uri)
-        self.exp = self.client.create_experiment("ulorl", artifact_location=artifact_root_for(self.uri))
-
+class Store(StoreBase):
     def parent(self, sweep: str) -> str:
         return self.client.create_run(self.exp, run_name=sweep, tags={schema.KIND_TAG: "sweep"}).info.run_id
 

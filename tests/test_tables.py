@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 from mlflow.entities import Metric, Param
-from mlflow.tracking import MlflowClient
 
 from ulorl.cli.tables import main as tables_main
 from ulorl.report import paper
 from ulorl.report.store import RunStore
 from ulorl.report.tables import NOT_RUN, build_table1, build_table2, build_table3, find_hints, tex_escape, write_all
 from ulorl.report.figures import build_figures
-from ulorl.tracking import artifact_root_for, schema
+from mlflow_store import StoreBase, migrated_empty_db
+from ulorl.tracking import schema
 
 HINTS = {"table1": "HINT-T1", "table2": "HINT-T2", "table3": "HINT-T3", "fig2": "HINT-F2", "fig4": "HINT-F4",
          "fig5": "HINT-F5"}
@@ -31,20 +31,11 @@ EXPECTED_FILES = [f"table{i}.{e}" for i in (1, 2, 3) for e in ("md", "tex", "csv
 
 @pytest.fixture(scope="module")
 def empty_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A freshly migrated empty MLflow sqlite DB (migrating takes seconds; copying it does not)."""
-    db = tmp_path_factory.mktemp("template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
-    return db
+    return migrated_empty_db(tmp_path_factory.mktemp("template"))
 
 
-class Store:
+class Store(StoreBase):
     """Writes schema-conformant runs with the real MLflow client into a sqlite store."""
-
-    def __init__(self, tmp_path: Path, template: Path) -> None:
-        shutil.copy(template, tmp_path / "mlflow.db")
-        self.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-        self.client = MlflowClient(tracking_uri=self.uri)
-        self.exp = self.client.create_experiment("ulorl", artifact_location=artifact_root_for(self.uri))
 
     def train_run(self, paper_ref: str, params: dict, metrics: dict[str, list[float]], name: str = "train",
                   status: str = "FINISHED", eval_points: dict[int, float] | None = None) -> str:

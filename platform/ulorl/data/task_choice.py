@@ -138,10 +138,6 @@ def guess(terms: Sequence[int]) -> str:
     return f"\\boxed{{{sum(terms)}}}"
 
 
-def _bernoulli_h(p: float) -> float:
-    """Entropy (nats) of a coin with P(heads) = p."""
-    return -(p * math.log(p) + (1 - p) * math.log(1 - p)) if 0 < p < 1 else 0.0
-
 
 def _coin(rng: random.Random, p: float) -> tuple[bool, float]:
     """A draw with P(True) = p and its self-information (nats)."""

@@ -14,7 +14,7 @@ from ulorl.sweep.spec import SEED_KEYS, grid_trials, load_sweep, seed_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 CHOICE = ROOT / "sweeps" / "choice"
-NAMES = ("mpt_mode", "output_length", "is_mode", "mpt_threshold")
+NAMES = ("mpt_mode", "mpt_mode_high_lr", "output_length", "is_mode", "mpt_threshold")
 
 
 def _trial_config(base: dict, fixed: dict, trial: dict) -> dict:
@@ -51,7 +51,7 @@ def test_every_choice_sweep_is_on_the_choice_profile_and_dry_runs(name: str) -> 
     assert describe_trials(spec, base, base_path)
 
 
-@pytest.mark.parametrize("name", ("mpt_mode", "output_length", "is_mode"))
+@pytest.mark.parametrize("name", ("mpt_mode", "mpt_mode_high_lr", "output_length", "is_mode"))
 def test_grid_arms_run_three_seeds_on_the_same_task(name: str) -> None:
     arms = _arms(CHOICE / f"{name}.yaml")
     for variant, cfgs in arms.items():
@@ -66,8 +66,9 @@ def test_grid_arms_run_three_seeds_on_the_same_task(name: str) -> None:
     assert len(tasks) == 1
 
 
-def test_fig45_arms_off_static_dynamic_with_their_tags() -> None:
-    spec, _, _ = load_sweep(CHOICE / "mpt_mode.yaml")
+@pytest.mark.parametrize("name", ("mpt_mode", "mpt_mode_high_lr"))
+def test_fig45_arms_off_static_dynamic_with_their_tags(name: str) -> None:
+    spec, _, _ = load_sweep(CHOICE / f"{name}.yaml")
     by_name = {v.name: v for v in spec.variants}
     assert {n: v.overrides["algo.mpt.mode"] for n, v in by_name.items()} == {
         "off": "off", "static": "static", "dmmpt": "dynamic"}
@@ -110,3 +111,12 @@ def test_cli_dry_run_prints_the_seeds_of_each_repeat(capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert "9 trial(s)" in out
     assert '"seeds": {"data.seed": 2, "rollout.seed": 2, "train.seed": 2}' in out
+
+
+def test_high_lr_variant_differs_from_mpt_mode_only_in_the_learning_rate() -> None:
+    low, high = _arms(CHOICE / "mpt_mode.yaml"), _arms(CHOICE / "mpt_mode_high_lr.yaml")
+    assert set(low) == set(high)
+    for variant in low:
+        for a, b in zip(low[variant], high[variant]):
+            assert b["train"]["lr"] == pytest.approx(5 * a["train"]["lr"])
+            assert {**b, "train": {**b["train"], "lr": a["train"]["lr"]}} == a

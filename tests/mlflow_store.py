@@ -17,11 +17,16 @@ def migrated_empty_db(folder: Path) -> Path:
     return db
 
 
+def store_uri_from_template(tmp_path: Path, template: Path) -> str:
+    """Copy the migrated ``template`` DB to ``tmp_path/mlflow.db``; its sqlite tracking URI."""
+    shutil.copy(template, tmp_path / "mlflow.db")
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
 class StoreBase:
     """A copy of the template DB in ``tmp_path`` with one experiment ``ulorl``, written with the real client."""
 
     def __init__(self, tmp_path: Path, template: Path) -> None:
-        shutil.copy(template, tmp_path / "mlflow.db")
-        self.uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        self.uri = store_uri_from_template(tmp_path, template)
         self.client = MlflowClient(tracking_uri=self.uri)
         self.exp = self.client.create_experiment("ulorl", artifact_location=artifact_root_for(self.uri))

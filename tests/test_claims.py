@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 from mlflow.entities import Metric, Param
+from mlflow_store import StoreBase, migrated_empty_db, store_uri_from_template
 
 from ulorl.report import claims as C
 from ulorl.report.store import RunStore
-from mlflow_store import StoreBase, migrated_empty_db
 from ulorl.tracking import schema
 
 T975_2 = 4.302652729911275  # t_{0.975, 2}
@@ -247,8 +246,7 @@ def test_claims_read_real_training_runs(tmp_path: Path, empty_db: Path) -> None:
     tok = build_tokenizer()
     build_tiny_model(tok, seed=0).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    shutil.copy(empty_db, tmp_path / "mlflow.db")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri_from_template(tmp_path, empty_db)
     base = Path(__file__).resolve().parents[1] / "experiments" / "quickstart_choice.yaml"
     common = [f"model.name_or_path={model_dir}", "train.max_steps=2", "rollout.max_response_len=32",
               "rollout.segments=2", "rollout.prompts_per_step=2", "rollout.group_size=2", "eval.every=2",

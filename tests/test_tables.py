@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import time
 from pathlib import Path
 
 import pytest
 from mlflow.entities import Metric, Param
+from mlflow_store import StoreBase, migrated_empty_db, store_uri_from_template
 
 from ulorl.cli.tables import main as tables_main
 from ulorl.report import paper
+from ulorl.report.figures import build_figures
 from ulorl.report.store import RunStore
 from ulorl.report.tables import NOT_RUN, build_table1, build_table2, build_table3, find_hints, tex_escape, write_all
-from ulorl.report.figures import build_figures
-from mlflow_store import StoreBase, migrated_empty_db
 from ulorl.tracking import schema
 
 HINTS = {"table1": "HINT-T1", "table2": "HINT-T2", "table3": "HINT-T3", "fig2": "HINT-F2", "fig4": "HINT-F4",
@@ -258,8 +257,7 @@ def test_tables_pick_up_real_training_runs(tmp_path: Path, empty_db: Path) -> No
     tok = build_tokenizer()
     build_tiny_model(tok, seed=0).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    shutil.copy(empty_db, tmp_path / "mlflow.db")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri_from_template(tmp_path, empty_db)
     quickstart = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.yaml"
     common = [f"model.name_or_path={model_dir}", "train.max_steps=3", "rollout.max_response_len=64",
               "rollout.prompts_per_step=2", "rollout.group_size=4", "eval.every=0", f"tracking.uri={uri}", "algo.dynamic_sampling=false",

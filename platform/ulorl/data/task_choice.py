@@ -138,7 +138,6 @@ def guess(terms: Sequence[int]) -> str:
     return f"\\boxed{{{sum(terms)}}}"
 
 
-
 def _coin(rng: random.Random, p: float) -> tuple[bool, float]:
     """A draw with P(True) = p and its self-information (nats)."""
     hit = rng.random() < p

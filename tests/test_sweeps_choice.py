@@ -109,7 +109,7 @@ def test_cli_dry_run_prints_the_seeds_of_each_repeat(capsys: pytest.CaptureFixtu
 
     assert main([str(CHOICE / "is_mode.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "9 trial(s)" in out
+    assert "24 trial(s)" in out
     assert '"seeds": {"data.seed": 2, "rollout.seed": 2, "train.seed": 2}' in out
 
 

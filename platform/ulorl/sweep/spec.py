@@ -285,7 +285,9 @@ def seed_overrides(experiment: dict[str, Any], offset: int) -> dict[str, int]:
 
 
 def grid_trials(spec: SweepSpec) -> list[dict[str, Any]]:
-    """All trial override sets of a grid sweep: variants x grid/choice product x repeats."""
+    """All trial override sets of a grid sweep: variants x grid/choice product x repeats, seed-major
+    (every configuration of repeat 0 first, then repeat 1, ...) so that a sweep cut short leaves
+    whole seeds of every arm, each pairable."""
     keys = list(spec.space)
     values = [spec.space[k].probe_values() if spec.space[k].kind in ("grid", "choice") else None for k in keys]
     if any(v is None for v in values):
@@ -294,9 +296,9 @@ def grid_trials(spec: SweepSpec) -> list[dict[str, Any]]:
     grid = [v for v in values if v is not None]   # all of them (checked above)
     variants = spec.variants or [Variant(name="")]
     out = []
-    for var in variants:
-        for combo in itertools.product(*grid) if keys else [()]:
-            for rep in range(spec.repeats):
+    for rep in range(spec.repeats):
+        for var in variants:
+            for combo in itertools.product(*grid) if keys else [()]:
                 out.append({"variant": var.name, "overrides": {**var.overrides, **dict(zip(keys, combo))},
                             "tags": dict(var.tags), "repeat": rep})
     return out

@@ -4,7 +4,8 @@
     python -m ulorl.scale.gpu_check --json                    # one JSON object on stdout
     python -m ulorl.scale.gpu_check --device cpu --stages env,model,hf_engine,zero2   # test the script
 
-Every stage runs in its own child process with a time limit (``min(stage limit, budget left)``), so
+Every stage runs in its own child process with a time limit (``min(stage limit, budget left)``; the
+limits x3 with ``--device cpu``), so
 a hang, a crash or a CUDA out-of-memory fails that stage only and the run continues. A stage reports
 ``pass`` / ``fail`` / ``skipped`` (with the reason) and its numbers. Stages import only torch,
 transformers and wheels small enough to carry onto a machine without internet
@@ -77,6 +78,8 @@ LIMIT_S: dict[str, float] = {"env": 60, "model": 60, "hf_engine": 60, "zero2": 1
                              "long_update": 150, "long_rows": 150, "vllm": 200, "vllm_moe": 120, "trainer": 120,
                              "ray": 90}
 DEFAULT_BUDGET_S = 300.0
+#: --device cpu (testing the script): stage limits scaled by this (a CPU is slower; nothing is timed there)
+CPU_LIMIT_FACTOR = 3.0
 LONG_ROW_LENGTHS = (8192, 32768, 131072)
 QWEN3_4B = {"vocab": 151936, "hidden": 2560, "layers": 36}
 #: model shapes of the long_update stage: Qwen3-4B's width / heads / vocabulary, and a small one to
@@ -736,7 +739,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             elif left < 10:
                 rec = _fail(name, f"run budget of {args.budget_s:.0f} s spent before this stage")
             else:
-                rec = run_child(name, work, args, min(LIMIT_S[name], left))
+                limit = LIMIT_S[name] * (1.0 if on_cuda else CPU_LIMIT_FACTOR)
+                rec = run_child(name, work, args, min(limit, left))
                 rec["ok"] = rec["status"] == "pass"
             stages.append(rec)
             _emit(rec, args.json)

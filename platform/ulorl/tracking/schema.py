@@ -48,8 +48,11 @@ EXTRACTION_TAG = "ulorl.reward_extraction"
 TRAIN_METRICS: tuple[str, ...] = (
     "train/reward_mean", "train/entropy", "train/pg_loss", "train/clip_frac", "train/ratio_mean",
     "train/mpt_frac", "train/masked_frac", "train/mask_active_frac", "train/groups", "train/samples",
-    "train/tokens", "train/grad_norm",
+    "train/tokens", "train/grad_norm", "train/nonfinite_grad_steps",
 )
+# Optimizer steps of one update skipped because the global gradient norm was not finite (0 normally;
+# a refused update logs it too, beside train/nonfinite). No rank applied such a step.
+NONFINITE_GRAD_METRIC = "train/nonfinite_grad_steps"
 ROLLOUT_METRICS: tuple[str, ...] = (
     "rollout/finished", "rollout/truncated", "rollout/response_len_mean", "rollout/response_len_max",
     "rollout/tokens", "rollout/tokens_per_s", "rollout/finished_per_s", "rollout/decode_utilization",

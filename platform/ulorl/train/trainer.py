@@ -475,6 +475,7 @@ class Trainer:
                 metrics["train/reward_mean_released"] = update.metrics.get("train/reward_mean", 0.0)
                 if "train/nonfinite" in update.metrics:
                     metrics["train/nonfinite"] = 1.0
+                    metrics[schema.NONFINITE_GRAD_METRIC] = update.metrics.get(schema.NONFINITE_GRAD_METRIC, 0.0)
                     log.warning("step %d: %s", self.step, reason)
             metrics[schema.SKIPPED_METRIC] = 1.0
             if getattr(self.engine, "asleep", False):

@@ -27,6 +27,7 @@ from ulorl.algo import (
 )
 from ulorl.config import AlgoConfig, TrainConfig
 from ulorl.rollout.types import Sample
+from ulorl.tracking.schema import NONFINITE_GRAD_METRIC
 from ulorl.train.backend import TrainBackend
 from ulorl.train.batch import TrainBatch, build_train_batch, rows_over_cap
 from ulorl.train.forward import autocast_ctx, current_token_stats, forward_logits, token_stats
@@ -188,6 +189,7 @@ def apply_update(
     acc: dict[str, float] = {}
     pg_loss_total = 0.0
     grad_norms: list[float] = []
+    skipped_steps = 0   # optimizer steps the backend skipped on a non-finite global grad norm
     refused = ""
     for mb_rows in split_minibatches(batch.group_ids.tolist(), train.updates_per_step):
         mb = batch.rows(mb_rows)
@@ -230,11 +232,13 @@ def apply_update(
                 _weighted(acc, m, float(sub.response_mask[:, part].sum()) / n_tokens)
         if refused:
             break
-        norm = backend.step()  # backends skip the optimizer step when the norm is not finite
+        norm = backend.step()  # backends skip the optimizer step (on every rank) when the norm is not finite
         if not math.isfinite(norm):
-            refused = f"non-finite gradient norm ({norm}); update refused"
+            skipped_steps += 1
+            refused = f"non-finite gradient norm ({norm}); optimizer step skipped, update refused"
             break
         grad_norms.append(norm)
+    metrics[NONFINITE_GRAD_METRIC] = float(skipped_steps)
     if refused:
         metrics["train/nonfinite"] = 1.0
         if not grad_norms:  # nothing was applied: the step is refused whole

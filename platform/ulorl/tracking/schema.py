@@ -48,7 +48,7 @@ EXTRACTION_TAG = "ulorl.reward_extraction"
 TRAIN_METRICS: tuple[str, ...] = (
     "train/reward_mean", "train/entropy", "train/pg_loss", "train/clip_frac", "train/ratio_mean",
     "train/mpt_frac", "train/masked_frac", "train/mask_active_frac", "train/groups", "train/samples",
-    "train/tokens", "train/grad_norm",
+    "train/tokens", "train/grad_norm", "train/entropy_control_frac",
 )
 ROLLOUT_METRICS: tuple[str, ...] = (
     "rollout/finished", "rollout/truncated", "rollout/response_len_mean", "rollout/response_len_max",
@@ -65,6 +65,10 @@ COHORT_LEN_METRIC = "rollout/cohort_response_len_mean"
 POOL_METRICS: tuple[str, ...] = ("pool/unfinished", "pool/experience", "pool/staleness_max")
 TIME_METRICS: tuple[str, ...] = ("time/rollout_s", "time/train_s", "time/step_s", "time/wall_s")
 SKIPPED_METRIC = "train/skipped"
+# Entropy-control comparators (algo.entropy_control): fraction of the step's response tokens the mode
+# acted on (clip_cov: loss zeroed; kl_cov: KL-penalised; high_entropy_minority: low-entropy tokens
+# left out of the loss); 0 with mode off. train/masked_frac stays the MPT / DMMPT mask alone.
+ENTROPY_CONTROL_METRIC = "train/entropy_control_frac"
 
 # Metrics present at every step, whether or not the step updated the model.
 EVERY_STEP_METRICS: tuple[str, ...] = ROLLOUT_METRICS + POOL_METRICS + TIME_METRICS + (SKIPPED_METRIC,)
@@ -80,7 +84,8 @@ SAMPLE_RECORD_FIELDS: tuple[str, ...] = (
     "step", "sample_id", "group_id", "reward", "status", "prompt_text", "response_text",
     "tokens",            # list[str]: decoded text of each response token
     "segments",          # list[{start, end, version}] over response token positions
-    "masked_positions",  # list[int]: response token positions excluded by MPT masking
+    "masked_positions",  # list[int]: response token positions excluded from the loss (MPT masking, or
+                         # a masking entropy control: algo.entropy_control clip_cov / high_entropy_minority)
 )
 
 

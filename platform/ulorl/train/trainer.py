@@ -406,7 +406,8 @@ class Trainer:
         for s in res.completed:
             self.cohorts.complete(s.created_step, float(s.reward or 0.0), s.response_len)
         for s in res.dropped_samples:
-            self.cohorts.complete(s.created_step, None, 0)
+            if s.finished_step is None:  # a member already done was counted when it completed
+                self.cohorts.complete(s.created_step, None, 0)
         offset = self.step - res.step            # trainer steps count from 1, the scheduler's from 0
         for c in self.cohorts.pop_closed():
             if self.tracker is not None:

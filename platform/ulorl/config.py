@@ -20,6 +20,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from ulorl.algo.entropy_control import ENTROPY_CONTROLS
 from ulorl.algo.importance import IS_MODES
 from ulorl.algo.loss import LOSS_AGG
 from ulorl.algo.masks import ENTROPY_SCOPES, MASK_MODES
@@ -165,6 +166,49 @@ class MPTConfig(_Section):
         return "off" if v is False else v
 
 
+class EntropyControlConfig(_Section):
+    """Entropy-control comparators of DMMPTs (ulorl.algo.entropy_control; docs/beyond.md):
+    'clip_cov' and 'kl_cov' (Cui et al. 2025, verl's loss modes of those names) act on the response
+    tokens with the largest covariance (A - mean A)(logp - mean logp): Clip-Cov zeroes the loss of
+    max(int(clip_cov_ratio * n), 1) tokens drawn at random among those with covariance in
+    (clip_cov_lb, clip_cov_ub) and no active PPO clip; KL-Cov adds kl_cov_coef * |log r| to the
+    max(1, int(kl_cov_ratio * n)) tokens of largest covariance and drops the PPO clip (as verl; on
+    the paper's on-policy update, POIS with train.updates_per_step 1, r = 1 and the penalty is 0).
+    'high_entropy_minority' (Wang et al. 2025, "Beyond the 80/20 Rule"; TRL's top_entropy_quantile)
+    trains only the tokens whose entropy is in the batch's top top_entropy_quantile fraction.
+    Selections come from the pre-update pass, once per step, over the step's whole batch; masked
+    tokens stay in the loss denominator; the mask adds to algo.mpt's. Logged: train/entropy_control_frac.
+    """
+
+    mode: str = Field(
+        "off", description="entropy control beside algo.mpt.mode: 'off', 'clip_cov', 'kl_cov' or "
+        "'high_entropy_minority' (the 80/20 rule)", json_schema_extra={"choices": list(ENTROPY_CONTROLS)}
+    )
+    clip_cov_ratio: float = Field(
+        2e-4, gt=0.0, le=1.0, description="clip_cov: fraction of the step's response tokens detached (verl's "
+        "default 2e-4; sweeps/choice/entropy_controls.yaml raises it to DMMPTs' share)")
+    clip_cov_lb: float = Field(1.0, description="clip_cov: only tokens with covariance > this (verl 1.0)")
+    clip_cov_ub: float = Field(5.0, description="clip_cov: only tokens with covariance < this (verl 5.0)")
+    kl_cov_ratio: float = Field(
+        2e-4, gt=0.0, le=1.0, description="kl_cov: fraction of the step's response tokens KL-penalised (verl's "
+        "default 2e-4)")
+    kl_cov_coef: float = Field(0.1, ge=0.0, description="kl_cov: coefficient of |log r| (verl's ppo_kl_coef, 0.1)")
+    top_entropy_quantile: float = Field(
+        0.2, ge=0.0, le=1.0, description="high_entropy_minority: rho, the top-entropy fraction of response tokens "
+        "trained (Wang et al. and TRL recommend 0.2; 1.0 trains every token)")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> EntropyControlConfig:
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(f"clip_cov_lb ({self.clip_cov_lb}) must be < clip_cov_ub ({self.clip_cov_ub})")
+        return self
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v
+
+
 class AlgoConfig(_Section):
     """Loss and importance sampling."""
 
@@ -195,6 +239,8 @@ class AlgoConfig(_Section):
         "or 'seq_mean' (mean over sequences of per-sequence means, GRPO)", json_schema_extra={"choices": list(LOSS_AGG)}
     )
     mpt: MPTConfig = Field(MPTConfig(), description="masking of well-mastered positive tokens")
+    entropy_control: EntropyControlConfig = Field(
+        EntropyControlConfig(), description="entropy-control comparators (Clip-Cov, KL-Cov, 80/20 rule)")
 
 
 class DeepSpeedConfig(_Section):

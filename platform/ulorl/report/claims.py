@@ -135,6 +135,31 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("headline", ("fig5",), M_HELDOUT, Arm("best tau x sigma", role="best"),
           Arm("baseline (masking off)", role=ROLE_BASELINE), +1,
           "Table 2: DMMPTs 71.5 vs w/o DMMPTs 67.9 (AVG avg@32)", S_HEAD, with_baseline=True),
+    # DMMPTs beside the other entropy controls (runs tagged entropy_controls, sweeps/choice/entropy_controls.yaml):
+    # each comparator vs off on final entropy and held-out, DMMPTs vs each comparator on held-out. Arms
+    # pin both keys: the comparator arms run with algo.mpt.mode off.
+    *(Claim(f"ec_{key}_{'entropy' if metric == M_ENTROPY else 'heldout'}", ("entropy_controls",), metric,
+            Arm(label, (("algo.mpt.mode", "off"), ("algo.entropy_control.mode", key))),
+            Arm("off", (("algo.mpt.mode", "off"), ("algo.entropy_control.mode", "off"))), +1, says,
+            "ulorl-sweep sweeps/choice/entropy_controls.yaml")
+      for key, label, says_entropy, says_heldout in (
+          ("clip_cov", "Clip-Cov", "Cui et al. 2025: Clip-Cov keeps entropy well above the GRPO baseline's",
+           "Cui et al. 2025: Clip-Cov +1.8 (Qwen2.5-7B) / +4.5 (32B) avg over 7 math benchmarks vs GRPO"),
+          ("kl_cov", "KL-Cov", "Cui et al. 2025: KL-Cov keeps entropy >10x the GRPO baseline's plateau",
+           "Cui et al. 2025: KL-Cov +2.0 (Qwen2.5-7B) / +6.4 (32B) avg over 7 math benchmarks vs GRPO"),
+          ("high_entropy_minority", "80/20 (top-20 % entropy tokens)",
+           "not reported as a figure by Wang et al. 2025; expected: dropping the low-entropy tokens' updates "
+           "slows the entropy fall",
+           "Wang et al. 2025: the top-20 % entropy tokens match full updates on Qwen3-8B and beat them on "
+           "Qwen3-32B (+11.04 AIME'25)"))
+      for metric, says in ((M_ENTROPY, says_entropy), (M_HELDOUT, says_heldout))),
+    *(Claim(f"ec_dmmpt_vs_{key}_heldout", ("entropy_controls",), M_HELDOUT,
+            Arm("DMMPTs", (("algo.mpt.mode", "dynamic"), ("algo.entropy_control.mode", "off"))),
+            Arm(label, (("algo.mpt.mode", "off"), ("algo.entropy_control.mode", key))), +1,
+            f"compared by no paper; 'holds' = DMMPTs score higher than {label}",
+            "ulorl-sweep sweeps/choice/entropy_controls.yaml")
+      for key, label in (("clip_cov", "Clip-Cov"), ("kl_cov", "KL-Cov"),
+                         ("high_entropy_minority", "80/20 (top-20 % entropy tokens)"))),
 )
 
 

@@ -42,6 +42,7 @@ from ulorl.train.cohorts import CohortRewards
 from ulorl.train.deepspeed_backend import DeepSpeedBackend, is_partitioned
 from ulorl.train.distributed import dist_env, launch_role
 from ulorl.train.fill import merge_round_metrics
+from ulorl.train.length_audit import LengthAudit
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
@@ -184,6 +185,7 @@ class Trainer:
         self._pending_metrics: list[list[Any]] = []
         self.cohorts = CohortRewards()
         self._cohort_train_step: dict[int, int] = {}
+        self.audit = LengthAudit()
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -304,6 +306,7 @@ class Trainer:
             "pending_prompts": [p.__dict__ for p in self.pending_prompts],
             "last_eval": self.last_eval,
             "cohorts": self.cohorts.state_dict(),
+            "length_audit": self.audit.state_dict(),
             "pending_metrics": self.tracker.pending() if self.tracker is not None else [],
             "config": self.cfg.model_dump(mode="json"),
         }
@@ -346,6 +349,12 @@ class Trainer:
         self.pending_prompts = [PromptRequest(**p) for p in state.get("pending_prompts", [])]
         self.last_eval = state.get("last_eval", {})
         self.cohorts.load_state_dict(state.get("cohorts", {}))
+        in_pool = len(self.scheduler.pools.unfinished) + self.scheduler.pools.experience.num_samples
+        if "length_audit" in state:
+            self.audit.load_state_dict(state["length_audit"])
+        else:  # a checkpoint from before the length audit: count from the samples in flight
+            self.audit.admit(in_pool)
+        self.audit.reconcile(in_pool)
         self._pending_metrics = state.get("pending_metrics", [])
         ckpt_io.load_rng(path)
         push_weights(self.engine, self.backend, self.policy_version)
@@ -371,6 +380,7 @@ class Trainer:
         res = self.scheduler.step(new, self.policy_version, score_fn=self._score, on_segment=self._on_segment)
         dt = time.perf_counter() - t0
         self.pending_prompts = list(res.deferred_prompts)
+        self.audit.rolled_out(res.admitted, res.completed, res.clipped_ids, res.dropped_samples)
         m = res.metrics()
         m["rollout/prompts_dropped_too_long"] = float(self.stream.dropped_too_long)
         rewards = [float(s.reward or 0.0) for s in res.completed]
@@ -406,7 +416,8 @@ class Trainer:
         for s in res.completed:
             self.cohorts.complete(s.created_step, float(s.reward or 0.0), s.response_len)
         for s in res.dropped_samples:
-            self.cohorts.complete(s.created_step, None, 0)
+            if s.finished_step is None:  # a member already done was counted when it completed
+                self.cohorts.complete(s.created_step, None, 0)
         offset = self.step - res.step            # trainer steps count from 1, the scheduler's from 0
         for c in self.cohorts.pop_closed():
             if self.tracker is not None:
@@ -480,6 +491,11 @@ class Trainer:
             metrics[schema.SKIPPED_METRIC] = 1.0
             if getattr(self.engine, "asleep", False):
                 cast(Any, self.engine).wake()   # sleep / wake: the colocated vLLM engine's, not the Engine protocol's
+        if samples:
+            self.audit.released(samples, update is not None and update.updated, cfg.algo.dynamic_sampling)
+        pools = self.scheduler.pools
+        metrics.update(self.audit.step_metrics(list(pools.unfinished), pools.experience.samples(),
+                                               self.scheduler.decoded_tokens_total, self.stream.dropped_too_long))
         metrics["train/policy_version"] = float(self.policy_version)
         if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
             t_e = time.perf_counter()

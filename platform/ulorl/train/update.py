@@ -25,6 +25,7 @@ from ulorl.algo import (
     policy_loss,
     select_old_logprobs,
 )
+from ulorl.algo.entropy_control import ControlInputs, draw_seed, entropy_control, kl_cov_loss
 from ulorl.config import AlgoConfig, TrainConfig
 from ulorl.rollout.types import Sample
 from ulorl.tracking.schema import NONFINITE_GRAD_METRIC
@@ -91,6 +92,7 @@ class PreparedUpdate:
     old_logprobs: torch.Tensor      # Float[B, L-1]: the IS denominator (TOIS / SAIS / POIS)
     loss_mask: torch.Tensor         # Bool[B, L-1]: tokens the loss keeps (MPT / DMMPT masking)
     metrics: dict[str, float]
+    kl_tokens: Optional[torch.Tensor] = None  # Bool[B, L-1]: KL-Cov's penalised tokens (entropy_control kl_cov)
 
 
 def parallel_ops(backend: TrainBackend, train: TrainConfig) -> ParallelOps:
@@ -155,6 +157,11 @@ def prepare_update(
                          scope=algo.mpt.entropy_scope)
     loss_mask = MASK_MODES[algo.mpt.mode].mask(mask_in)
     active = MASK_MODES[algo.mpt.mode].active(mask_in)
+    ec, control = algo.entropy_control, entropy_control(algo.entropy_control.mode)
+    acted = control.select(ControlInputs(
+        cur_lp, old_lp, adv, resp, ent, eps_low=algo.eps_low, eps_high=algo.eps_high, clip_cov_ratio=ec.clip_cov_ratio,
+        clip_cov_lb=ec.clip_cov_lb, clip_cov_ub=ec.clip_cov_ub, kl_cov_ratio=ec.kl_cov_ratio,
+        top_entropy_quantile=ec.top_entropy_quantile, seed=draw_seed(train.seed, kept[0].sample_id)))
     metrics.update(
         {
             "train/entropy": float((ent * resp).sum() / n_tokens),
@@ -162,13 +169,16 @@ def prepare_update(
             "train/mpt_frac": float(mpt.sum()) / n_tokens,
             "train/masked_frac": float(loss_mask.sum()) / n_tokens,
             "train/mask_active_frac": float(active.float().mean()),
+            "train/entropy_control_frac": float(acted.sum()) / n_tokens,
             "train/groups": float(len(set(batch.group_ids.tolist()))),
             "train/samples": float(len(kept)),
             "train/tokens": float(n_tokens),
             "train/adv_abs_mean": float(adv.abs().mean()),
         }
     )
-    return PreparedUpdate(kept, batch, adv, old_lp, loss_mask, metrics)
+    kl_tokens = acted if control.action == "kl" else None
+    return PreparedUpdate(kept, batch, adv, old_lp, loss_mask | acted if control.action == "mask" else loss_mask,
+                          metrics, kl_tokens)
 
 
 def apply_update(
@@ -210,18 +220,8 @@ def apply_update(
                     lp, _ = token_stats(model, sub, temperature, device, train.logprob_path,
                                         train.logprob_chunk_tokens, with_entropy=False)
             part = slice(lo, lo + width)
-            loss, m = policy_loss(
-                lp,
-                prep.old_logprobs[idx, part].to(device),
-                prep.advantages[idx].to(device),
-                sub.response_mask[:, part].to(device),
-                loss_mask=prep.loss_mask[idx, part].to(device),
-                eps_low=algo.eps_low,
-                eps_high=algo.eps_high,
-                num_tokens=mb_tokens,
-                loss_agg=algo.loss_agg,
-                num_seqs=len(mb_rows),
-            )
+            loss, m = _token_loss(prep, algo, train, lp, idx, part, sub.response_mask[:, part].to(device),
+                                  mb_tokens, len(mb_rows), device)
             if not dp.all_finite(loss):
                 backend.zero_grad()
                 refused = f"non-finite loss ({float(loss.detach())}); update refused"
@@ -261,6 +261,22 @@ def apply_update(
         }
     )
     return UpdateResult(True, metrics, kept_samples=prep.kept, loss_mask=prep.loss_mask, batch=batch)
+
+
+def _token_loss(prep: PreparedUpdate, algo: AlgoConfig, train: TrainConfig, lp: torch.Tensor, idx: torch.Tensor,
+                part: slice, resp: torch.Tensor, mb_tokens: int, mb_seqs: int,
+                device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one micro-batch: rows ``idx``, positions ``part`` of the prepared [B, L-1] tensors.
+    The clipped surrogate (``policy_loss``), or KL-Cov's (``kl_cov_loss``) under entropy_control kl_cov."""
+    old, adv, mask = prep.old_logprobs[idx, part].to(device), prep.advantages[idx].to(device), \
+        prep.loss_mask[idx, part].to(device)
+    if prep.kl_tokens is not None:
+        # one optimizer step on a POIS batch: old log-probs are this model's (verl's on_policy shortcut)
+        on_policy = algo.is_mode == "pois" and train.updates_per_step == 1
+        return kl_cov_loss(lp, old, adv, resp, prep.kl_tokens[idx, part].to(device), algo.entropy_control.kl_cov_coef,
+                           mask, mb_tokens, loss_agg=algo.loss_agg, num_seqs=mb_seqs, on_policy=on_policy)
+    return policy_loss(lp, old, adv, resp, loss_mask=mask, eps_low=algo.eps_low, eps_high=algo.eps_high,
+                       num_tokens=mb_tokens, loss_agg=algo.loss_agg, num_seqs=mb_seqs)
 
 
 def policy_update(

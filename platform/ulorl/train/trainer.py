@@ -45,13 +45,14 @@ from ulorl.train.fill import merge_round_metrics
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
-from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
+from ulorl.train.update import UpdateResult, engine_segment_logprobs, policy_update, segment_logprobs
 from ulorl.train.worker import (
     load_model,
     load_train_model,
     pad_token_id,
     rollout_copy_needed,
     run_worker_rank,
+    sais_from_engine,
     seed_everything,
     set_threads,
 )
@@ -358,6 +359,9 @@ class Trainer:
     def _on_segment(self, samples: list[Sample]) -> None:
         if self.cfg.algo.is_mode != "sais":
             return
+        if sais_from_engine(self.cfg):   # ZeRO-3 + vLLM: no full copy to run the forward on
+            engine_segment_logprobs(samples)
+            return
         segment_logprobs(
             self.model, samples, self.cfg.rollout.temperature, self.pad_id, self.cfg.train.micro_batch_tokens,
             self.device, self.cfg.train.bf16,
@@ -478,7 +482,8 @@ class Trainer:
                     log.warning("step %d: %s", self.step, reason)
             metrics[schema.SKIPPED_METRIC] = 1.0
             if getattr(self.engine, "asleep", False):
-                cast(Any, self.engine).wake()   # sleep / wake: the colocated vLLM engine's, not the Engine protocol's
+                # a colocated vLLM engine slept at level 2 (weights discarded): the unchanged weights wake it
+                push_weights(self.engine, self.backend, self.policy_version)
         metrics["train/policy_version"] = float(self.policy_version)
         if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
             t_e = time.perf_counter()

@@ -59,6 +59,34 @@ def load_model(
     )
 
 
+def engine_policy(cfg: ExperimentConfig) -> tuple[Any, Any]:
+    """(policy, tokenizer) for a rollout engine built outside the trainer (a Ray engine actor).
+
+    ``rollout.engine=vllm``: a weightless ``PolicySpec`` (the config with the trainer's rope scaling,
+    the generation config, the dtype): vLLM loads the checkpoint itself, on its own device, and a
+    copy of the HF weights in the actor would take the memory vLLM needs to start. ``hf``: the
+    whole model on ``rollout.device`` (the HF engine runs it).
+    """
+    if cfg.rollout.engine != "vllm":
+        return load_model(cfg, cfg.rollout.device)
+    from transformers import AutoConfig, GenerationConfig
+
+    from ulorl.models.loading import _apply_rope_scaling, load_tokenizer, resolve_model_path
+    from ulorl.rollout.engines.vllm import PolicySpec
+
+    m = cfg.model
+    path = resolve_model_path(m.name_or_path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+    if m.rope_scaling:
+        _apply_rope_scaling(config, m.rope_scaling)
+    try:
+        generation = GenerationConfig.from_pretrained(path)
+    except OSError:   # no generation_config.json: the config's own end ids
+        generation = GenerationConfig.from_model_config(config)
+    tok = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    return PolicySpec(config=config, generation_config=generation, dtype=m.dtype), tok
+
+
 def is_zero3(cfg: ExperimentConfig) -> bool:
     return cfg.train.backend == "deepspeed" and cfg.train.deepspeed.zero_stage == 3
 
@@ -78,11 +106,23 @@ def load_train_model(cfg: ExperimentConfig, device: str | torch.device) -> tuple
         return load_model(cfg, device)
 
 
+def sais_from_engine(cfg: ExperimentConfig) -> bool:
+    """Whether SAIS takes each segment's old log-probs from the engine's sampled-token log-probs
+    (``algo.sais_logprobs``; ``auto``: under ZeRO-3 with vLLM engines) instead of a trainer forward."""
+    choice = cfg.algo.sais_logprobs
+    if choice == "auto":
+        return is_zero3(cfg) and cfg.rollout.engine == "vllm"
+    return choice == "engine"
+
+
 def rollout_copy_needed(cfg: ExperimentConfig) -> bool:
     """Whether rank 0 keeps a full unpartitioned policy copy under ZeRO-3: yes for the in-process
-    hf engine and for SAIS log-probs (both run the policy on rank 0 alone); no when vLLM engines
-    (their own processes, loading the model directory themselves) are the only users of the weights."""
-    return not (cfg.rollout.engine == "vllm" and cfg.algo.is_mode != "sais")
+    hf engine and for SAIS log-probs from a trainer forward (both run the policy on rank 0 alone);
+    no when vLLM engines (loading the checkpoint themselves, fed by gathered buckets) are the only
+    users of the weights and SAIS, if on, takes the engine's log-probs (``sais_from_engine``)."""
+    if cfg.rollout.engine != "vllm":
+        return True
+    return cfg.algo.is_mode == "sais" and not sais_from_engine(cfg)
 
 
 def pad_token_id(tokenizer: Any) -> int:

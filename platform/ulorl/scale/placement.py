@@ -384,8 +384,9 @@ class EngineActor:
         # materialised here first would leave it too little free memory to start); hf: the whole model
         model, tok = engine_policy(cfg)
         # engine_rollout_config: tensor_parallel_size from resources.gpus_per_engine, the engine context
+        self._updates, self._updating = 0, False   # weight updates finished / one in flight (describe)
         self.rollout_cfg = engine_rollout_config(cfg)
-        self.engine = make_engine(self.rollout_cfg, model, tok, in_trainer_process=False)
+        self.engine: Any = make_engine(self.rollout_cfg, model, tok, in_trainer_process=False)  # vLLM methods too
 
     def info(self) -> dict[str, Any]:
         return _node_info()
@@ -394,7 +395,9 @@ class EngineActor:
         """What the trainer's ``RemoteEngine`` mirrors: the engine's context limit and colocation."""
         limit = getattr(self.engine, "max_model_len", None)
         llm_kwargs = getattr(self.engine, "llm_kwargs", None) or {}
-        return {"max_model_len": int(limit) if limit is not None else None,
+        return {"policy_version": int(getattr(self.engine, "policy_version", 0)), "updates": self._updates,
+                "updating": self._updating,
+                "max_model_len": int(limit) if limit is not None else None,
                 "colocate": bool(getattr(self.engine, "colocate", False)),
                 "weight_transfer": str(getattr(self.engine, "weight_transfer", "stream")),
                 "tensor_parallel_size": int(getattr(self.engine, "tensor_parallel_size", 1)),
@@ -434,6 +437,7 @@ class EngineActor:
         if not eng.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
         eng.policy_version = int(version)
+        self._updates += 1
 
     def generate(self, requests: list[Any], sampling: Any) -> tuple[list[Any], Any]:
         results = self.engine.generate(requests, sampling)
@@ -445,6 +449,7 @@ class EngineActor:
         import queue
         import threading
 
+        self._updating = True
         self._bucket_queue: Any = queue.Queue(maxsize=1)
         self._loaded = 0
         self._error: BaseException | None = None
@@ -481,6 +486,8 @@ class EngineActor:
         if self._error is None:
             self._bucket_queue.put(None)
         self._consumer.join()
+        self._updating = False
+        self._updates += 1
         if self._error is not None:
             raise RuntimeError("the engine's streamed weight update failed") from self._error
         return self._loaded
@@ -662,8 +669,9 @@ def run_placement(
         engine_cls = ray.remote(EngineActor)
         trainer_cls = ray.remote(TrainerActor)
         # Any: Ray types an actor handle's methods as plain callables, without their .remote
-        engines: list[Any] = [engine_cls.options(**opts(n + j)).remote(cfg_dict, actor_threads(r.cpus_per_engine))
-                   for j in range(m)]
+        # named (ulorl-engine-<j>-<pid>): a diagnostic can reach an engine during the run
+        engines: list[Any] = [engine_cls.options(name=f"ulorl-engine-{j}-{os.getpid()}", **opts(n + j)).remote(
+            cfg_dict, actor_threads(r.cpus_per_engine)) for j in range(m)]
         workers: list[Any] = [trainer_cls.options(**opts(i)).remote() for i in range(n)]
         actors = engines + workers
         trainer_info = ray.get([w.info.remote() for w in workers])

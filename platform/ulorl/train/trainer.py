@@ -47,6 +47,7 @@ from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.update import UpdateResult, engine_segment_logprobs, policy_update, segment_logprobs
 from ulorl.train.worker import (
+    finish_backend,
     load_model,
     load_train_model,
     pad_token_id,
@@ -256,7 +257,8 @@ class Trainer:
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
         check_sequence_parallel(self.cfg.train, dist_env().world_size)
         if self.cfg.train.backend == "deepspeed":
-            return DeepSpeedBackend(model, self.cfg.train, rollout_copy=rollout_copy_needed(self.cfg))
+            return finish_backend(DeepSpeedBackend(model, self.cfg.train, rollout_copy=rollout_copy_needed(self.cfg)),
+                                  self.cfg)
         return TorchBackend(model, self.cfg.train)
 
     def _start_tracking(self) -> None:

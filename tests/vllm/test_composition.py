@@ -113,7 +113,8 @@ def _start_ray(tries: int = 3) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("is_mode", ["pois", "sais"])
+@pytest.mark.timeout(2400)    # two runs with vLLM / DeepSpeed start-up each; far slower on a shared, loaded machine
+@pytest.mark.parametrize("is_mode", ["sais", "pois"])
 def test_zero3_ranks_vllm_actor_segments_resume(tmp_path, is_mode, monkeypatch):
     from mlflow.tracking import MlflowClient
 

@@ -66,9 +66,11 @@ class _Checker:
 
         assert ckpt is not None, f"step {step}: no checkpoint (train.checkpoint_every=1)"
         version = int(read_trainer_state(ckpt)["policy_version"])
+        hf = AutoModelForCausalLM.from_pretrained(ckpt / "model", dtype=torch.float32).eval()
         actor = ray.get_actor(f"ulorl-engine-0-{os.getpid()}")
         g = torch.Generator().manual_seed(step)
-        reqs = [GenerationRequest(i, torch.randint(5, 300, (6 + 5 * i,), generator=g).tolist(), [], 16, seed=i)
+        vocab = int(hf.config.vocab_size)
+        reqs = [GenerationRequest(i, torch.randint(5, vocab, (6 + 5 * i,), generator=g).tolist(), [], 16, seed=i)
                 for i in range(4)]
         greedy = SamplingParams(temperature=SAMPLING_T, greedy=True)
         sampled = SamplingParams(temperature=SAMPLING_T, seed=step)
@@ -83,7 +85,6 @@ class _Checker:
             time.sleep(0.2)
         else:
             pytest.fail(f"step {step}: never saw the engine idle at policy version {version}")
-        hf = AutoModelForCausalLM.from_pretrained(ckpt / "model", dtype=torch.float32).eval()
         eos = hf.config.eos_token_id
         want = HFEngine(hf, eos_token_id=eos, pad_token_id=eos).generate(reqs, greedy)
         assert [r.token_ids for r in got] == [r.token_ids for r in want], f"step {step}: engine != trainer weights"

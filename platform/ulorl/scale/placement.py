@@ -406,6 +406,13 @@ class EngineActor:
     def sleep(self) -> None:
         self.engine.sleep()
 
+    def close(self) -> None:
+        """Stop the engine's own processes (vLLM's engine core and workers are children of this actor:
+        ``ray.kill`` alone leaves them running, holding their memory)."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
     # vLLM's weight-sync protocol (``VLLMWeightSyncClient``, the methods of its offline ``LLM``): the
     # trainer's rank 0 drives native transfer through vLLM's own ``RayVLLMWeightSyncClient`` over this actor
     def init_weight_transfer_engine(self, request: Any) -> None:
@@ -647,6 +654,7 @@ def run_placement(
     started, addr = _start_ray(address)
     own_pg = None
     actors: list[Any] = []
+    engines_made: list[Any] = []
     try:
         pg = _current_trial_pg(len(bundles))
         offset = 1 if pg is not None else 0
@@ -672,6 +680,7 @@ def run_placement(
         # named (ulorl-engine-<j>-<pid>): a diagnostic can reach an engine during the run
         engines: list[Any] = [engine_cls.options(name=f"ulorl-engine-{j}-{os.getpid()}", **opts(n + j)).remote(
             cfg_dict, actor_threads(r.cpus_per_engine)) for j in range(m)]
+        engines_made = engines
         workers: list[Any] = [trainer_cls.options(**opts(i)).remote() for i in range(n)]
         actors = engines + workers
         trainer_info = ray.get([w.info.remote() for w in workers])
@@ -729,6 +738,11 @@ def run_placement(
                                interrupted=out["interrupted"], tracking_uri=out["tracking_uri"], params=params,
                                last_metrics=out["last_metrics"])
     finally:
+        if engines_made:
+            try:   # engines first: their vLLM processes are children a ray.kill would orphan
+                ray.get([e.close.remote() for e in engines_made], timeout=120)
+            except Exception:  # an engine that failed to start or is gone: kill it below
+                pass
         for a in actors:
             try:
                 ray.kill(a)

@@ -217,6 +217,10 @@ class AlgoConfig(_Section):
         "segment's policy version), 'tois' (true on-policy, segments = 1)",
         json_schema_extra={"choices": list(IS_MODES)}
     )
+    sais_logprobs: Literal["auto", "trainer", "engine"] = Field(
+        "auto", description="SAIS old log-probs of each segment: 'trainer' (a forward of the training model at the "
+        "segment's version), 'engine' (the rollout engine's sampled-token log-probs, same weights), 'auto' (engine "
+        "under ZeRO-3 with vllm engines, where no rank holds a full copy to run that forward; else trainer)")
     eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="lower clip: ratio >= 1 - eps_low")
     eps_high: float = Field(0.2, ge=0.0, description="upper clip: ratio <= 1 + eps_high (clip-higher when > eps_low)")
     adv_eps: float = Field(1e-6, gt=0, description="added to the group std in the advantage denominator")

@@ -46,13 +46,15 @@ from ulorl.train.length_audit import LengthAudit
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
-from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
+from ulorl.train.update import UpdateResult, engine_segment_logprobs, policy_update, segment_logprobs
 from ulorl.train.worker import (
+    finish_backend,
     load_model,
     load_train_model,
     pad_token_id,
     rollout_copy_needed,
     run_worker_rank,
+    sais_from_engine,
     seed_everything,
     set_threads,
 )
@@ -257,7 +259,8 @@ class Trainer:
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
         check_sequence_parallel(self.cfg.train, dist_env().world_size)
         if self.cfg.train.backend == "deepspeed":
-            return DeepSpeedBackend(model, self.cfg.train, rollout_copy=rollout_copy_needed(self.cfg))
+            return finish_backend(DeepSpeedBackend(model, self.cfg.train, rollout_copy=rollout_copy_needed(self.cfg)),
+                                  self.cfg)
         return TorchBackend(model, self.cfg.train)
 
     def _start_tracking(self) -> None:
@@ -366,6 +369,9 @@ class Trainer:
 
     def _on_segment(self, samples: list[Sample]) -> None:
         if self.cfg.algo.is_mode != "sais":
+            return
+        if sais_from_engine(self.cfg):   # ZeRO-3 + vLLM: no full copy to run the forward on
+            engine_segment_logprobs(samples)
             return
         segment_logprobs(
             self.model, samples, self.cfg.rollout.temperature, self.pad_id, self.cfg.train.micro_batch_tokens,
@@ -490,7 +496,8 @@ class Trainer:
                     log.warning("step %d: %s", self.step, reason)
             metrics[schema.SKIPPED_METRIC] = 1.0
             if getattr(self.engine, "asleep", False):
-                cast(Any, self.engine).wake()   # sleep / wake: the colocated vLLM engine's, not the Engine protocol's
+                # a colocated vLLM engine slept at level 2 (weights discarded): the unchanged weights wake it
+                push_weights(self.engine, self.backend, self.policy_version)
         if samples:
             self.audit.released(samples, update is not None and update.updated, cfg.algo.dynamic_sampling)
         pools = self.scheduler.pools

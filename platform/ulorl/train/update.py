@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 _WARNED_OVER_CAP: weakref.WeakSet[object] = weakref.WeakSet()
 
 __all__ = ["PreparedUpdate", "UpdateResult", "apply_update", "autocast_ctx", "current_token_stats", "forward_logits",
-           "policy_update", "prepare_update", "segment_logprobs",
+           "engine_segment_logprobs", "policy_update", "prepare_update", "segment_logprobs",
            "split_minibatches"]
 
 
@@ -323,6 +323,21 @@ def segment_logprobs(
         have = len(s.old_logprobs)
         if have < seg.end:
             s.old_logprobs.extend(lp[b, p - 1 + have : p - 1 + seg.end].tolist())
+
+
+def engine_segment_logprobs(samples: list[Sample]) -> None:
+    """SAIS from the engine: append the rollout engine's sampled-token log-probs of each sample's newest
+    segment to ``old_logprobs`` (``log_softmax(logits / T)`` at the version that decoded it, the same
+    quantity ``segment_logprobs`` recomputes with the trainer's model; they differ by the engine's
+    numerics only). Stored by position, as ``segment_logprobs`` stores them."""
+    for s in samples:
+        seg = s.segments[-1]
+        have = len(s.old_logprobs)
+        if have < seg.end:
+            if len(s.sampling_logprobs) < seg.end:
+                raise ValueError(f"sample {s.sample_id}: the engine returned {len(s.sampling_logprobs)} log-probs for "
+                                 f"{seg.end} response tokens")
+            s.old_logprobs.extend(s.sampling_logprobs[have:seg.end])
 
 
 def check_sais_logprobs(samples: list[Sample]) -> None:

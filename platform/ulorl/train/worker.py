@@ -25,8 +25,10 @@ import numpy as np
 import torch
 
 from ulorl.config import ExperimentConfig
-from ulorl.models.loading import load_policy
-from ulorl.train.deepspeed_backend import DeepSpeedBackend, deepspeed_config, zero3_load
+from ulorl.models.loading import _apply_rope_scaling, load_policy, load_tokenizer, resolve_model_path
+from ulorl.rollout.engines.vllm import PolicySpec
+from ulorl.rollout.weight_sync import bucket_bytes_from_mb
+from ulorl.train.deepspeed_backend import DeepSpeedBackend, deepspeed_config, full_nbytes, zero3_load
 from ulorl.train.distributed import dist_env, ensure_process_group
 from ulorl.train.update import policy_update
 
@@ -70,9 +72,6 @@ def engine_policy(cfg: ExperimentConfig) -> tuple[Any, Any]:
     if cfg.rollout.engine != "vllm":
         return load_model(cfg, cfg.rollout.device)
     from transformers import AutoConfig, GenerationConfig
-
-    from ulorl.models.loading import _apply_rope_scaling, load_tokenizer, resolve_model_path
-    from ulorl.rollout.engines.vllm import PolicySpec
 
     m = cfg.model
     path = resolve_model_path(m.name_or_path)
@@ -156,8 +155,6 @@ class ParamResidency:
     def __init__(self, backend: Any, rank: int, out_dir: Path) -> None:
         import json
 
-        from ulorl.train.deepspeed_backend import full_nbytes
-
         self.backend, self.path, self._json = backend, Path(out_dir) / f"rank{rank}.json", json
         self.full_bytes = sum(full_nbytes(p) for p in backend.module.parameters())
         self.peak, self.samples = 0, 0
@@ -190,8 +187,6 @@ def finish_backend(backend: Any, cfg: ExperimentConfig) -> Any:
     (weight pushes, ``save_model``) gather buckets of ``rollout.weight_sync_bucket_mb``, the size the
     engines receive; the ``ULORL_PARAM_RESIDENCY_DIR`` probe when set."""
     if hasattr(backend, "export_bucket_bytes"):
-        from ulorl.rollout.weight_sync import bucket_bytes_from_mb
-
         backend.export_bucket_bytes = bucket_bytes_from_mb(cfg.rollout.weight_sync_bucket_mb)
     out = os.environ.get(RESIDENCY_ENV)
     if out and getattr(backend, "zero_stage", 0) == 3:

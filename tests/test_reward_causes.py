@@ -18,7 +18,8 @@ from ulorl.reward.compare import enclosed_items, inequality_to_interval, letter_
 from ulorl.reward.extract import closing_statement, extract_answer
 from ulorl.reward.normalize import is_complete_expression, normalize_answer, strip_unit_words
 
-OPTIONS = r"How long is it? Choices: (A) $50 \mathrm{~cm}$ (B) $45 \mathrm{~cm}$ (C) $6+\pi \mathrm{~m}$ (D) 9:30 (E) 5 and 8"
+OPTIONS = (r"How long is it? Choices: (A) $50 \mathrm{~cm}$ (B) $45 \mathrm{~cm}$ (C) $6+\pi \mathrm{~m}$ (D) 9:30 "
+           "(E) 5 and 8")
 PAIR = "Find the ordered pair (x, y) that solves the system."
 POSSIBLE = "What are the possible values of n?"
 IN_ORDER = "Compute a and b, in that order."
@@ -76,6 +77,9 @@ MUST_ACCEPT = [
     ("rounded reference", r"\pi", "3.14", None),
     ("percent for a decimal", "60%", "0.6", None),
     ("percent for a decimal", r"100\%", "1", None),
+    ("percent for an option letter", r"25\%", "C", "What percentage? (A) 20 (B) 22 (C) 25 (D) 30 (E) 50"),
+    ("percent for an option letter", r"50\%", "E", r"What percentage? (A) $30 \%$ (B) $35 \%$ (C) $40 \%$ "
+     r"(D) $45 \%$ (E) $50 \%$"),
     ("number in a text group", r"\text{.088 m}^2", "0.088", None),
     ("squared unit in mathrm", r"45 \mathrm{~cm}^{2}", "45", None),
     ("repeated value", "2, 2", "2", None),
@@ -129,6 +133,9 @@ MUST_REJECT = [
     ("rounding: a decimal for an exact value", "0.333", r"\frac{1}{3}", None),
     ("rounding: a decimal for a decimal", "0.249", "0.25", None),
     ("percent", "60%", "0.7", None),
+    ("words are not products of letters", "KILIMANJARO", "ANMAIKOLIRJ", None),
+    ("words are not products of letters", "KILIMANJARO", "E", "Which word? (A) KILIMANJAROS (B) AJNAM (C) X (D) Y "
+     "(E) ANMAIKOLIRJ"),
     ("a list for a repeated value", "2, 3", "2, 2", None),
     ("one value for a repeated value", "2", "2, 2", None),
 ]
@@ -167,6 +174,8 @@ ACCEPT_RESPONSES = [
     ("6: labelled boxes", r"The maximum is $\boxed{3}$, min $\boxed{1}$", "3, 1", None),
     ("6: labelled boxes", r"$x = \boxed{3}$, $y = \boxed{4}$", "3, 4", None),
     ("6: two equal boxes for a list of two", r"Both roots are $\boxed{2}$ and $\boxed{2}$.", "2, 2", None),
+    ("6: a restatement is not a label", r"The area is $\boxed{45 \text{ cm}^2}$, which is answer choice "
+     r"$\boxed{\text{(B)}}$.", "B", OPTIONS),
 ]
 
 # (cause, response, reference, problem): wrong answers that must stay wrong

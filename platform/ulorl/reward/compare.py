@@ -3,7 +3,9 @@
 The order of the checks in ``answers_match``:
 
 1. both normalised (``ulorl.reward.normalize``) and identical -> equal (words of two or more
-   letters ignore case: ``YES`` = ``Yes``); a percentage on one side only: ``60%`` = ``0.6`` = ``60``;
+   letters ignore case: ``YES`` = ``Yes``; two words of four or more letters are equal only so,
+   never as math-verify's products of symbols); a percentage on one side of two numbers:
+   ``60%`` = ``0.6`` = ``60``;
 2. multiple choice: letter vs letter, a letter vs an option's text when ``problem`` lists options
    (``(A) ...``, ``A. ...``, ``A) ...``), and a letter followed by its option's text (``(E) 9:30``,
    ``B. 45 cm``: the letter counts, and the text must not contradict the option);
@@ -35,6 +37,7 @@ from typing import Any, Optional
 
 from ulorl.reward.normalize import (
     has_percent,
+    is_numeric_expression,
     normalize_answer,
     option_letter,
     plain_thousands,
@@ -302,7 +305,10 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
     quick = fast_verdict(p, r)
     if quick is True or (quick is False and not has_percent(reference) and not has_percent(pred)):
         return True if quick else False
-    if depth == 0 and has_percent(reference) != has_percent(pred):
+    if _WORDS.match(p) and _WORDS.match(r) and max(len(p), len(r)) > 3:
+        return p.lower() == r.lower()  # words are not products of symbols: KILIMANJARO is not an anagram of it
+    if depth == 0 and has_percent(reference) != has_percent(pred) and is_numeric_expression(p) \
+            and is_numeric_expression(r):
         # 10\% may be answered as 10 or as 0.1; 60% is 0.6 (and, as written, 60)
         scaled = (p, f"\\frac{{{r}}}{{100}}") if has_percent(reference) else (f"\\frac{{{p}}}{{100}}", r)
         return answers_match(p, r, None, depth + 1) or answers_match(*scaled, None, depth + 1)

@@ -93,11 +93,13 @@ _BOX_GAP = re.compile(r"^(?:\s|[,;$.]|\\quad|\\qquad|\\[,;!]|\\[\[\]()]"
                       r"|\\text\s*\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*$")
 # ... or a separator and the label of the next box: "max \boxed{3}, min \boxed{1}", "x = \boxed{3}, y = \boxed{4}".
 _LABEL_GAP = re.compile(r"^[\s$]*[,;][\s$]*(?:and\s+)?"
-                        r"(?P<label>\\text\s*\{[^{}]{1,24}\}|\\[A-Za-z]+|[A-Za-z][A-Za-z ]{0,24}?"
+                        r"(?P<label>\\text\s*\{[^{}]{1,24}\}|\\[A-Za-z]+|[A-Za-z]+(?: [A-Za-z]+)?"
                         r"(?:_\{?[A-Za-z0-9]+\}?)?)\s*(?:[:=]|\bis\b)?[\s$]*(?:\\[(\[])?\s*$")
-# Words that make the next box a correction or a new step, not a labelled part of one answer.
+# Words that make the next box a correction, a new step or a restatement ("which is answer choice
+# \boxed{(B)}"), not a labelled part of one answer.
 _NOT_A_LABEL = frozenset("then so but not no wait actually correction instead hence therefore thus sorry oops "
-                         "however rather again finally next now".split())
+                         "however rather again finally next now which that answer choice option i e ie or "
+                         "equivalently namely".split())
 _MAX_BOX_GAP = 60
 _MAX_JOINED_BOXES = 16  # one final answer has a few parts; a run of hundreds of boxes is not one answer
 _ANSWER_MARK = re.compile(

@@ -12,6 +12,7 @@ is a number, so ``\\text{all odd } n`` stays as it is.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Optional
 
@@ -268,9 +269,24 @@ def option_letter(s: str) -> Optional[str]:
     return m.group(1) if m else None
 
 
+_PLAIN_NUMBER = re.compile(r"\s*[+-]?\d+(?:\.\d+)?\s*")
+_CACHED_CHARS = 400  # answers up to this long are cached (G responses of a prompt share its reference)
+
+
 def normalize_answer(s: str) -> str:
     """A short answer in comparable form: delimiters, an outer box, currency, spacing, a trailing
-    period and the decorations of a number removed."""
+    period and the decorations of a number removed. Pure; short answers are cached."""
+    if _PLAIN_NUMBER.fullmatch(s):
+        return s.strip()  # the common case (integer answers) needs none of the steps below
+    return _normalize_cached(s) if len(s) <= _CACHED_CHARS else _normalize(s)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalize_cached(s: str) -> str:
+    return _normalize(s)
+
+
+def _normalize(s: str) -> str:
     t = _DOUBLED_BACKSLASH.sub(r"\\", s)
     t = strip_escaped_dollars(t)
     t = join_math_items(t.strip())

@@ -69,12 +69,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from ulorl.sweep.launch import SweepRunner
     from ulorl.sweep.ranking import print_summary
+    from ulorl.tracking import TrackingStoreError
 
     try:
         runner = SweepRunner(args.sweep, tracking_uri=args.tracking_uri, address=args.address,
                              output_dir=args.output_dir, resume=args.resume, num_cpus=args.num_cpus)
         summary = runner.run()
-    except (SweepError, FileNotFoundError) as exc:
+    except (SweepError, FileNotFoundError, TrackingStoreError) as exc:
         print(f"ulorl-sweep: {exc}", file=sys.stderr)
         return 2
     if args.json:

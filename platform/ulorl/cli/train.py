@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_with_placement(cfg, args)
     from ulorl.tracking import require_store_folder, resolve_tracking_uri
+    from ulorl.train.checkpoint import CheckpointSpaceError
     from ulorl.train.trainer import Trainer
 
     try:
@@ -79,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2
+    except CheckpointSpaceError as exc:
+        print(f"ulorl-train: {exc}:\n  ulorl-train {args.experiment} --resume {exc.root.parent}", file=sys.stderr)
+        return 1
     except RuntimeError as exc:
         if type(exc).__name__ == "MissingExtraError":
             print(f"ulorl-train: {exc}", file=sys.stderr)

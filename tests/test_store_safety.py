@@ -97,12 +97,17 @@ def _digest(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_missing_and_read_only_folders_are_named(tmp_path):
+def test_missing_and_read_only_folders_are_named(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="missing does not exist"):
         require_store_folder(f"sqlite:///{tmp_path / 'missing' / 'x.db'}")
     require_store_folder(f"sqlite:///{tmp_path / 'x.db'}")  # writable: fine
     require_store_folder("http://127.0.0.1:5000")           # a server: its own business
     assert issubclass(TrackingStoreError, ValueError)        # the CLIs' "bad input" exit 2
+    from ulorl.cli import train as train_cli
+
+    # checked before --ray starts anything (the trainer's actor would fail with a Ray traceback)
+    assert train_cli.main([str(QUICK), "--ray", "--tracking-uri", f"sqlite:///{tmp_path / 'missing' / 'x.db'}"]) == 2
+    assert "missing does not exist" in capsys.readouterr().err
 
 
 @pytest.fixture()

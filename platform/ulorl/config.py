@@ -463,6 +463,10 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping of sections, got {type(data).__name__}")
+    if not data:  # an empty file would silently run every default
+        raise ConfigError(f"{p}: the experiment file is empty (no section, no key), so every setting would be a "
+                          "default; start from experiments/quickstart.yaml, or list the keys it changes "
+                          "(ulorl-train --explain shows them all)")
     return data
 
 

@@ -7,6 +7,8 @@ import json
 import logging
 import sys
 
+from ulorl.jsonout import emit_json, json_command
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -31,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@json_command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -58,19 +61,25 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + json.dumps(t, default=str))
         if config_from_dict(base).rollout.engine == "vllm" and not vllm_available():
             print("note: rollout.engine=vllm needs the 'gpu' extra (pip install 'ulorl[gpu]'); trials would fail here")
+        if args.json:  # the lines above went to stderr
+            emit_json({"sweep": spec.name, "base": str(base_path), "search": spec.search.algorithm,
+                       "metric": spec.metric, "mode": spec.mode, "max_concurrent": spec.max_concurrent,
+                       "baseline": spec.baseline.model_dump() if spec.baseline else None, "trials": trials},
+                      default=str)
         return 0
     from ulorl.sweep.launch import SweepRunner
     from ulorl.sweep.ranking import print_summary
+    from ulorl.tracking import TrackingStoreError
 
     try:
         runner = SweepRunner(args.sweep, tracking_uri=args.tracking_uri, address=args.address,
                              output_dir=args.output_dir, resume=args.resume, num_cpus=args.num_cpus)
         summary = runner.run()
-    except (SweepError, FileNotFoundError) as exc:
+    except (SweepError, FileNotFoundError, TrackingStoreError) as exc:
         print(f"ulorl-sweep: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(summary, default=str))
+        emit_json(summary, default=str)
     else:
         print_summary(summary, spec)
     if summary["errors"]:

@@ -13,10 +13,11 @@ a min-max band.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Optional
+
+from ulorl.jsonout import emit_json, json_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from ulorl.tracking import resolve_tracking_uri
@@ -64,7 +66,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     summary["claims"] = claims["rows"]
     summary["tracking_uri"] = uri
     if args.json:
-        print(json.dumps(summary))
+        emit_json(summary)
     else:
         for t in build_tables(store, hints, equal_samples):
             print(to_markdown(t))

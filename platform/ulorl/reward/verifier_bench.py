@@ -33,6 +33,7 @@ from collections import defaultdict
 from typing import Any, Optional
 
 from ulorl.data.jsonl import DataError, read_json_objects
+from ulorl.jsonout import emit_json
 from ulorl.reward.extract import EXTRACTION_MODES, extract_answer
 
 REQUIRED = ("response", "answer", "label")
@@ -249,7 +250,10 @@ def run_cli(args: argparse.Namespace) -> int:
         with open(args.out, "w", encoding="utf-8") as fh:
             for p in per_row:
                 fh.write(json.dumps(p, ensure_ascii=False) + "\n")
-    print(json.dumps(summary) if args.json else format_summary(summary))
+    if args.json:
+        emit_json(summary)
+    else:
+        print(format_summary(summary))
     return 0
 
 

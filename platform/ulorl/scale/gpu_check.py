@@ -59,6 +59,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, cast
 
+from ulorl.jsonout import emit_json, json_command
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -665,6 +667,7 @@ def missing_packages(name: str) -> list[str]:
     return [m for m in REQUIRES.get(name, ()) if not _present(m)]
 
 
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ulorl.scale.gpu_check", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -757,7 +760,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1, default=str))
     if args.json:
-        print(json.dumps(report, default=str))
+        emit_json(report, default=str)
     elif not no_cuda:
         print(f"gpu_check: {'no stage failed' if ok else 'FAILED'} in {report['wall_s']} s"
               + (f" (report {args.out})" if args.out else ""))

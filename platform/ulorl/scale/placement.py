@@ -635,6 +635,7 @@ def run_placement(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from ulorl.tracking import resolve_tracking_uri
+    from ulorl.tracking.credentials import current_credentials
     from ulorl.train.trainer import default_run_dir, find_resume_dir
 
     uri = resolve_tracking_uri(tracking_uri, cfg.tracking.uri)
@@ -704,6 +705,7 @@ def run_placement(
             kwargs = {"run_dir": str(rdir), "tracking_uri": uri, **({"resume": str(rdir)} if resume and i == 0 else {})}
             if i == 0:
                 kwargs.update(trainer_kwargs)
+                env.update(current_credentials())  # rank 0 writes to MLflow; in the call, never in a logged runtime_env
             futures.append(w.run.remote(cfg_dict, env, kwargs, engines if i == 0 else [], queue if i == 0 else None))
 
         logged = False

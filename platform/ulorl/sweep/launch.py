@@ -25,6 +25,7 @@ from ulorl.sweep.placed import check_trials_fit, describe_resources, needs_place
 from ulorl.sweep.server import MlflowServer
 from ulorl.sweep.spec import SweepError, SweepSpec, grid_trials, load_sweep, seed_overrides, trial_run_name
 from ulorl.tracking import resolve_tracking_uri, schema
+from ulorl.tracking.credentials import install_credentials
 from ulorl.tracking.run import RunTracker
 from ulorl.train.checkpoint import LATEST, checkpoint_root, latest_checkpoint
 from ulorl.train.trainer import Trainer
@@ -34,14 +35,16 @@ FAIL_ENV = "ULORL_INJECT_FAILURE"   # "STEP:MARKER_PATH": fail once at STEP (tes
 
 
 # --------------------------------------------------------------------------- trial side
-def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
+def trial_fn(config: dict[str, Any], meta: dict[str, Any], credentials: Optional[dict[str, str]] = None) -> None:
     """Ray Tune function trainable: one full ``ulorl-train`` run with the trial's overrides.
 
     ``config`` holds the searched keys (optuna) or ``__trial__`` (index into ``meta["grid"]``);
-    ``meta`` (bound with ``tune.with_parameters``) holds the sweep-wide settings.
+    ``meta`` (bound with ``tune.with_parameters``) holds the sweep-wide settings, ``credentials`` the
+    tracking server's (``ulorl.tracking.credentials``: through the object store, never a logged env).
     """
     import ray.tune as tune
 
+    install_credentials(credentials or {})
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()
     meta = dict(meta)
@@ -257,12 +260,18 @@ class SweepRunner:
         return [("optuna", config_from_dict(apply_overrides(self.base, fixed), str(self.base_path)))]
 
     def _trial_env(self) -> dict[str, str]:
-        """Environment every trial (and its actors) gets through Ray's runtime_env: tracking credentials,
-        the failure-injection switch of the tests. Never printed."""
-        env = dict(self._server.client_env()) if self._server is not None else {}
+        """Environment every trial (and its actors) gets through Ray's runtime_env: the failure-injection
+        switch of the tests. Never a secret: Ray logs a runtime_env in plain text (the tracking credentials
+        travel by :meth:`_trial_credentials`)."""
+        env: dict[str, str] = {}
         if os.environ.get(FAIL_ENV):
             env[FAIL_ENV] = os.environ[FAIL_ENV]
         return env
+
+    def _trial_credentials(self) -> dict[str, str]:
+        """The tracking server's credentials for the trials (empty without auth): bound to the trainable with
+        ``tune.with_parameters``, so they travel in Ray's object store and reach no log."""
+        return dict(self._server.client_env()) if self._server is not None else {}
 
     def _resources(self, meta: dict[str, Any]) -> Any:
         cpu, gpu = self.spec.resources.cpu, self.spec.resources.gpu
@@ -314,7 +323,9 @@ class SweepRunner:
             if self.spec.search.algorithm == "grid":
                 meta["grid"] = [{"trial_overrides": t["overrides"], "variant": t["variant"], "repeat": t["repeat"],
                                  "trial_tags": t["tags"]} for t in grid_trials(self.spec)]
-            trainable = tune.with_resources(tune.with_parameters(trial_fn, meta=meta), self._resources(meta))
+            trainable = tune.with_resources(tune.with_parameters(trial_fn, meta=meta,
+                                                                 credentials=self._trial_credentials()),
+                                            self._resources(meta))
             storage = str(self.sweep_dir / "tune")
             if self.resume and tune.Tuner.can_restore(os.path.join(storage, self.spec.name)):
                 tuner = tune.Tuner.restore(os.path.join(storage, self.spec.name), trainable,

@@ -218,6 +218,11 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
     except ConfigError as exc:
         raise SweepError(f"{p}: base: {exc}") from None
     base.setdefault("name", base_path.stem)
+    if not spec.space and (spec.search.algorithm == "optuna" or (not spec.variants and spec.repeats == 1)):
+        # optuna ignores repeats; a grid varies through space, variants or repeats
+        raise SweepError(f"{p}: space is empty, so every trial would run the same configuration; add a key to "
+                         "space (e.g. algo.mpt.tau: {choice: [0.9, 0.99]}), or with search: {algorithm: grid} "
+                         "list variants or set repeats > 1")
     fixed = dict(spec.overrides)
     if spec.stop.steps:
         fixed["train.max_steps"] = spec.stop.steps

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from ulorl.config import ExperimentConfig, config_from_dict
+from ulorl.jsonout import emit_json
 from ulorl.rollout.weight_sync_bench import PeakSampler, rss_bytes
 from ulorl.train.deepspeed_backend import (
     DeepSpeedBackend,
@@ -275,7 +276,10 @@ def run_zero3_cli(args: argparse.Namespace) -> int:
     out = run_zero3_bench(args.size_mb, args.ranks, args.bucket_mb, paths,
                           progress=lambda m: print(f"[ulorl-bench] {m}", file=sys.stderr, flush=True),
                           mmap_threshold_mb=args.malloc_mmap_threshold_mb)
-    print(json.dumps(out) if args.json else format_zero3(out))
+    if args.json:
+        emit_json(out)
+    else:
+        print(format_zero3(out))
     return 0
 
 

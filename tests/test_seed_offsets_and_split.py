@@ -73,8 +73,8 @@ def _fake_result(config: dict, objective: float, trial_id: str) -> SimpleNamespa
                            config=config)
 
 
-@pytest.mark.parametrize("seeds, baseline, reruns", [(None, [0, 1, 2, 3], [1, 2, 3]), ("4-5", [4, 5], [4, 5]),
-                                                     ("0,6", [0, 6], [6])])
+@pytest.mark.parametrize("seeds, baseline, reruns", [(None, [1, 2, 3, 0], [1, 2, 3]), ("4-5", [4, 5], [4, 5]),
+                                                     ("0,6", [6, 0], [6])])
 def test_baseline_and_best_reruns_follow_the_offsets(seeds: str | None, baseline: list[int],
                                                      reruns: list[int]) -> None:
     runner = SweepRunner(CHOICE / "mpt_threshold.yaml", seed_offsets=seeds)
@@ -85,6 +85,8 @@ def test_baseline_and_best_reruns_follow_the_offsets(seeds: str | None, baseline
     best = [e for e in entries if e["role"] == "rerun"]
     assert [e["repeat"] for e in best] == reruns
     assert all(e["trial_overrides"] == {"algo.mpt.tau": 0.99, "algo.mpt.sigma": 0.17} for e in best)
+    # seed-major: each re-run right after the baseline of its seed, offset 0 (the selected one) last
+    assert [(e["role"], e["repeat"]) for e in entries][:2] == [("baseline", baseline[0]), ("rerun", reruns[0])]
 
 
 def test_dry_run_with_seeds_prints_the_offsets(capsys: pytest.CaptureFixture[str]) -> None:

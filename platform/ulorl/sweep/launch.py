@@ -415,16 +415,20 @@ class SweepRunner:
 
         spec = self.spec
         assert spec.baseline is not None
-        entries = [{"trial_overrides": dict(spec.baseline.overrides), "variant": spec.baseline.name, "repeat": rep,
-                    "role": ranking.ROLE_BASELINE} for rep in spec.baseline_offsets]
         done = [r for r in results if r.error is None and r.metrics]
         i = ranking.best_index([r.metrics.get(spec.metrics[0]) for r in done],
                                [str(r.metrics.get("trial_id", "")) for r in done], spec.modes[0])
         best = done[i] if i is not None else None
-        if best is not None and best.config and "__trial__" not in best.config:
-            searched = {k: v for k, v in best.config.items() if k in spec.space}
-            entries += [{"trial_overrides": searched, "variant": "", "repeat": rep, "role": ranking.ROLE_RERUN}
-                        for rep in spec.baseline_offsets if rep != 0]
+        searched = ({k: v for k, v in best.config.items() if k in spec.space}
+                    if best is not None and best.config and "__trial__" not in best.config else None)
+        entries = []
+        # seed-major, offset 0 last: a sweep cut short still leaves whole (baseline, re-run) pairs,
+        # the ones its verdict reads (offset 0 pairs with the selected search trial, not counted)
+        for rep in sorted(spec.baseline_offsets, key=lambda r: (r == 0, r)):
+            entries.append({"trial_overrides": dict(spec.baseline.overrides), "variant": spec.baseline.name,
+                            "repeat": rep, "role": ranking.ROLE_BASELINE})
+            if searched is not None and rep != 0:
+                entries.append({"trial_overrides": searched, "variant": "", "repeat": rep, "role": ranking.ROLE_RERUN})
         return {
             "param_space": {"__extra__": tune.grid_search(entries)},
             "tune_config": tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),

@@ -238,10 +238,14 @@ def test_sweeps_are_not_mixed_and_one_seed_is_not_enough(tmp_path: Path, empty_d
     for s in (1, 2):   # the other sweep has only the off arm on other seeds: no pair with p1's static
         st.run("fig4", {"algo.mpt.mode": "off"}, s, sweep="choice_mpt_mode", parent=p2, entropy=[0.1])
     st.run("fig4", {"algo.mpt.mode": "static"}, 1, sweep="mpt_mode", parent=p1, entropy=[0.9], status="RUNNING")
-    ent = _one(C.evaluate_claims(RunStore.open(st.uri)), "fig4_entropy")
-    assert ent.sweep.startswith("mpt_mode") and ent.seeds == 1 and ent.effect == pytest.approx(0.2)
+    rows = {r.sweep.split(" ")[0]: r for r in C.evaluate_claims(RunStore.open(st.uri)) if r.claim == "fig4_entropy"}
+    ent = rows["mpt_mode"]
+    assert ent.seeds == 1 and ent.effect == pytest.approx(0.2)
     assert ent.verdict == C.FEW_SEEDS
     assert any("unfinished" in n for n in ent.notes)
+    # the sweep with one arm only: a row that names the missing arm
+    other = rows["choice_mpt_mode"]
+    assert other.verdict == C.NOT_RUN and other.seeds == 0 and "'static masking'" in other.notes[0]
 
 
 def test_table3_compares_at_equal_trained_samples(tmp_path: Path, empty_db: Path) -> None:
@@ -534,3 +538,15 @@ def test_tables_cli_exports_then_recomputes_claims_from_the_files_alone(
     assert main(["--docs", str(docs)]) == 2
     assert main(["--results", str(tmp_path / "missing"), "--out", str(out)]) == 2
     assert "results file or folder not found" in capsys.readouterr().err
+
+
+def test_committed_results_files_reproduce_the_docs_claims_table() -> None:
+    """platform/ulorl/docs/paper_claims.md's claims table is what the committed results files give
+    (regenerate it with: ulorl-tables --results experiments/results --out paper_tables
+    --docs platform/ulorl/docs/paper_claims.md)."""
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "platform" / "ulorl" / "docs" / "paper_claims.md").read_text()
+    start, end = page.index(C.DOCS_BEGIN) + len(C.DOCS_BEGIN) + 1, page.index(C.DOCS_END)
+    results = C.evaluate_claims(ResultsStore.open(root / "experiments" / "results"))
+    assert page[start:end] == C.docs_table(results)
+    assert any(r.seeds for r in results)          # the files hold paired runs, not only 'not run' rows

@@ -383,10 +383,14 @@ def _empty(claim: Claim, sweep: str, notes: Optional[list[str]] = None) -> Claim
 
 
 def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sweep: str) -> Optional[ClaimResult]:
-    """The claim on one sweep's runs; None when the sweep lacks one of its arms."""
+    """The claim on one sweep's runs; None when the sweep has neither arm (or one run in both); a
+    ``not run`` row naming the missing arm when it has only one of them."""
     a_runs, b_runs = arm_runs(claim.a, group), arm_runs(claim.b, group)
-    if not a_runs or not b_runs or set(r.run_id for r in a_runs) & set(r.run_id for r in b_runs):
+    if (not a_runs and not b_runs) or set(r.run_id for r in a_runs) & set(r.run_id for r in b_runs):
         return None
+    if not a_runs or not b_runs:
+        missing = claim.a if not a_runs else claim.b
+        return _empty(claim, sweep, [f"no FINISHED run of '{missing.label}' in this sweep yet"])
     res = _empty(claim, sweep)
     if claim.a.role == ROLE_RERUN:
         a_runs, note = one_config(a_runs)

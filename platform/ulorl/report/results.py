@@ -22,7 +22,7 @@ store no longer holds (an earlier session's) are kept, so a later session's seed
 The write is skipped when nothing changed (the export is idempotent, and safe to repeat while a
 sweep runs: unfinished runs are not exported).
 
-    ulorl-tables --tracking-uri sqlite:////work/claims/is_mode.db --export-results experiments/results
+    ulorl-tables --tracking-uri sqlite:////abs/path/is_mode.db --export-results experiments/results
     ulorl-tables --results experiments/results --out paper_tables      # claims.md, fig{2,4,5}.png
 """
 

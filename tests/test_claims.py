@@ -525,7 +525,7 @@ def test_tables_cli_exports_then_recomputes_claims_from_the_files_alone(
     exported = json.loads(capsys.readouterr().out)["export"]
     assert exported["choice_is_mode"]["runs"] == 9 and exported["choice_is_mode"]["written"]
     (tmp_path / "mlflow.db").unlink()                       # the store is gone: the files are enough
-    docs = tmp_path / "claims_page.md"
+    docs = tmp_path / "claims_page.txt"
     docs.write_text(f"# page\n{C.DOCS_BEGIN}\nstale\n{C.DOCS_END}\ntail\n")
     assert main(["--results", str(res), "--out", str(out), "--docs", str(docs), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)

@@ -206,7 +206,7 @@ class Trainer:
         self.train_items = load_items(cfg.data.train, cfg.data, "train")
         self.heldout_items = load_items(cfg.data.heldout, cfg.data, "heldout") if cfg.eval.every else []
         n_eval = min(len(self.heldout_items), cfg.eval.num_problems or len(self.heldout_items))
-        if cfg.eval.every and cfg.eval.select_problems >= n_eval:
+        if cfg.eval.every and cfg.eval.select_problems and cfg.eval.select_problems >= n_eval:
             raise ValueError(f"eval.select_problems ({cfg.eval.select_problems}) must be below the {n_eval} held-out "
                              f"problems evaluated ({cfg.data.heldout}): the rest are the confirmation problems")
 

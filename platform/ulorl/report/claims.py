@@ -389,8 +389,8 @@ def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sw
     if (not a_runs and not b_runs) or set(r.run_id for r in a_runs) & set(r.run_id for r in b_runs):
         return None
     if not a_runs or not b_runs:
-        missing = claim.a if not a_runs else claim.b
-        return _empty(claim, sweep, [f"no FINISHED run of '{missing.label}' in this sweep yet"])
+        absent = claim.a if not a_runs else claim.b
+        return _empty(claim, sweep, [f"no FINISHED run of '{absent.label}' in this sweep yet"])
     res = _empty(claim, sweep)
     if claim.a.role == ROLE_RERUN:
         a_runs, note = one_config(a_runs)

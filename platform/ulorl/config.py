@@ -345,6 +345,17 @@ class EvalConfig(_Section):
     top_k: int = Field(20, ge=-1, description="eval top-k (-1 = off)")
     max_new_tokens: Optional[int] = Field(None, ge=1, description="default: rollout.max_response_len")
     seed: int = Field(1234, description="seed of the eval sampling draws")
+    select_problems: int = Field(
+        0, ge=0, description="split the evaluated problems: the first N are the selection part (eval/<bench>_select/*, "
+        "what a sweep optimises), the rest the confirmation part (eval/<bench>_confirm/*, what its verdict scores); "
+        "eval/<bench>/* stays the whole set; 0 = no split")
+
+    @model_validator(mode="after")
+    def _split_inside(self) -> EvalConfig:
+        if self.select_problems and self.num_problems is not None and self.select_problems >= self.num_problems:
+            raise ValueError(f"eval.select_problems ({self.select_problems}) must be below eval.num_problems "
+                             f"({self.num_problems}): the rest are the confirmation problems")
+        return self
 
 
 class ExperimentConfig(_Section):

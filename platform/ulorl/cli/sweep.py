@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate and print the trials and their resources")
     p.add_argument("--num-cpus", type=int, help="CPUs for the local Ray (default: all)")
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
+    p.add_argument("--seeds", metavar="OFFSETS",
+                   help="seed offsets to run, e.g. 3-7 or 0,2 (replaces the spec's repeats / baseline seeds; add seeds "
+                        "in chunks, each launch its own MLflow parent, the claims pair them by their seeds)")
     return p
 
 
@@ -37,10 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from ulorl.sweep.spec import SweepError, load_sweep
+    from ulorl.sweep.spec import SweepError, load_sweep, with_seed_offsets
 
     try:
         spec, base_path, _ = load_sweep(args.sweep)
+        if args.seeds is not None:
+            spec = with_seed_offsets(spec, args.seeds)
     except SweepError as exc:
         print(f"ulorl-sweep: {exc}", file=sys.stderr)
         return 2
@@ -55,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
               f"metric {spec.metric} ({spec.mode}), max concurrent {spec.max_concurrent}")
         if spec.baseline is not None:
             b = spec.baseline
-            print(f"  + baseline {b.name} {json.dumps(b.overrides)} on {b.seeds} seed offset(s)"
-                  + (f" and the best trial re-run on {b.seeds - 1} more" if b.seeds > 1 else ""))
+            offs = spec.baseline_offsets
+            reruns = [o for o in offs if o != 0]
+            print(f"  + baseline {b.name} {json.dumps(b.overrides)} on seed offset(s) {','.join(map(str, offs))}"
+                  + (f" and the best trial re-run on {','.join(map(str, reruns))}" if reruns else ""))
         for t in trials:
             print("  " + json.dumps(t, default=str))
         if config_from_dict(base).rollout.engine == "vllm" and not vllm_available():
@@ -73,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         runner = SweepRunner(args.sweep, tracking_uri=args.tracking_uri, address=args.address,
-                             output_dir=args.output_dir, resume=args.resume, num_cpus=args.num_cpus)
+                             output_dir=args.output_dir, resume=args.resume, num_cpus=args.num_cpus,
+                             seed_offsets=args.seeds)
         summary = runner.run()
     except (SweepError, FileNotFoundError, TrackingStoreError) as exc:
         print(f"ulorl-sweep: {exc}", file=sys.stderr)

@@ -23,7 +23,16 @@ from ulorl.scale.placement import PlacementError
 from ulorl.sweep import ranking
 from ulorl.sweep.placed import check_trials_fit, describe_resources, needs_placement, run_placed_trial, trial_resources
 from ulorl.sweep.server import MlflowServer
-from ulorl.sweep.spec import SweepError, SweepSpec, grid_trials, load_sweep, seed_overrides, trial_run_name
+from ulorl.sweep.spec import (
+    SweepError,
+    SweepSpec,
+    check_resume_offsets,
+    grid_trials,
+    load_sweep,
+    seed_overrides,
+    trial_run_name,
+    with_seed_offsets,
+)
 from ulorl.tracking import resolve_tracking_uri, schema
 from ulorl.tracking.credentials import install_credentials
 from ulorl.tracking.run import RunTracker
@@ -187,9 +196,12 @@ class SweepRunner:
         output_dir: Optional[str | Path] = None,
         resume: bool = False,
         num_cpus: Optional[int] = None,
+        seed_offsets: Optional[str] = None,
     ) -> None:
         self.sweep_path = Path(sweep_path).resolve()
         self.spec, self.base_path, self.base = load_sweep(self.sweep_path)
+        if seed_offsets is not None:  # ulorl-sweep --seeds
+            self.spec = with_seed_offsets(self.spec, seed_offsets)
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.store_uri = self.tracking_uri  # the store itself (the driver's server, if any, fronts it)
         self.address = address
@@ -207,6 +219,7 @@ class SweepRunner:
                 raise FileNotFoundError(f"--resume: no sweep state at {state_path}; "
                                         "run the sweep without --resume first")
             state = json.loads(state_path.read_text())
+            check_resume_offsets(state.get("seed_offsets"), self.spec)
             RunTracker.resume(self.tracking_uri, state["parent_run_id"])
             return state["parent_run_id"]
         if self.sweep_dir.exists():
@@ -222,7 +235,10 @@ class SweepRunner:
                              "sweep.num_samples": self.spec.num_samples, "sweep.search": self.spec.search.algorithm,
                              "sweep.max_concurrent": self.spec.max_concurrent,
                              "sweep.resources.cpu": self.spec.resources.cpu,
-                             "sweep.resources.gpu": self.spec.resources.gpu})
+                             "sweep.resources.gpu": self.spec.resources.gpu,
+                             "sweep.seed_offsets": ",".join(map(str, self.spec.offsets
+                                                                if self.spec.baseline is None
+                                                                else self.spec.baseline_offsets))})
         if self._server is not None:
             space_params["sweep.tracking_server"] = self._server.uri
             space_params["sweep.tracking_auth"] = "basic" if self._server.auth else "none"
@@ -233,7 +249,7 @@ class SweepRunner:
         )
         tracker.log_text(self.sweep_path.read_text(), "sweep/spec.yaml")
         state_path.write_text(json.dumps({"parent_run_id": tracker.run_id, "experiment": experiment,
-                                          "tracking_uri": self.store_uri}))
+                                          "tracking_uri": self.store_uri, "seed_offsets": self.spec.seed_offsets}))
         (self.output_dir / "sweeps" / f"{self.spec.name}.latest").write_text(str(self.sweep_dir))
         return tracker.run_id
 
@@ -402,23 +418,28 @@ class SweepRunner:
         )
 
     def _extra_tuner_kwargs(self, results: Any) -> dict[str, Any]:
-        """Tuner arguments for the trials outside the searcher: the baseline on every seed offset and
-        the best search trial re-run on the offsets > 0. Each trial's settings travel in its config
+        """Tuner arguments for the trials outside the searcher: the baseline on every seed offset of
+        ``spec.baseline_offsets`` and the best search trial re-run on those other than 0 (the search
+        trials run on offset 0). Each trial's settings travel in its config
         (``__extra__``), so the same trainable runs them."""
         from ray import tune
 
         spec = self.spec
         assert spec.baseline is not None
-        entries = [{"trial_overrides": dict(spec.baseline.overrides), "variant": spec.baseline.name, "repeat": rep,
-                    "role": ranking.ROLE_BASELINE} for rep in range(spec.baseline.seeds)]
         done = [r for r in results if r.error is None and r.metrics]
         i = ranking.best_index([r.metrics.get(spec.metrics[0]) for r in done],
                                [str(r.metrics.get("trial_id", "")) for r in done], spec.modes[0])
         best = done[i] if i is not None else None
-        if best is not None and best.config and "__trial__" not in best.config:
-            searched = {k: v for k, v in best.config.items() if k in spec.space}
-            entries += [{"trial_overrides": searched, "variant": "", "repeat": rep, "role": ranking.ROLE_RERUN}
-                        for rep in range(1, spec.baseline.seeds)]
+        searched = ({k: v for k, v in best.config.items() if k in spec.space}
+                    if best is not None and best.config and "__trial__" not in best.config else None)
+        entries = []
+        # seed-major, offset 0 last: a sweep cut short still leaves whole (baseline, re-run) pairs,
+        # the ones its verdict reads (offset 0 pairs with the selected search trial, not counted)
+        for rep in sorted(spec.baseline_offsets, key=lambda r: (r == 0, r)):
+            entries.append({"trial_overrides": dict(spec.baseline.overrides), "variant": spec.baseline.name,
+                            "repeat": rep, "role": ranking.ROLE_BASELINE})
+            if searched is not None and rep != 0:
+                entries.append({"trial_overrides": searched, "variant": "", "repeat": rep, "role": ranking.ROLE_RERUN})
         return {
             "param_space": {"__extra__": tune.grid_search(entries)},
             "tune_config": tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import torch
 
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
-from ulorl.eval.runner import evaluate
+from ulorl.eval.runner import evaluate, per_problem_artifact, split_result
 from ulorl.reward import RewardScorer
 from ulorl.reward.judge import judge_from_config
 from ulorl.rollout.engine_config import engine_rollout_config, prompt_budget
@@ -209,6 +209,10 @@ class Trainer:
         # data first: a missing file must fail before any model work
         self.train_items = load_items(cfg.data.train, cfg.data, "train")
         self.heldout_items = load_items(cfg.data.heldout, cfg.data, "heldout") if cfg.eval.every else []
+        n_eval = min(len(self.heldout_items), cfg.eval.num_problems or len(self.heldout_items))
+        if cfg.eval.every and cfg.eval.select_problems and cfg.eval.select_problems >= n_eval:
+            raise ValueError(f"eval.select_problems ({cfg.eval.select_problems}) must be below the {n_eval} held-out "
+                             f"problems evaluated ({cfg.data.heldout}): the rest are the confirmation problems")
 
         model, tokenizer = load_train_model(cfg, self.device)  # ZeRO-3: partitioned while loading
         self.tokenizer = tokenizer
@@ -448,9 +452,13 @@ class Trainer:
             bench_name=bench,
             progress=False,
         )
-        if self.tracker is not None:
-            self.tracker.log_text(result.per_problem_csv(), f"eval/{bench}_per_problem_step_{self.step:06d}.csv")
-        return result.metrics()
+        parts = [result] + (list(split_result(result, e.select_problems)) if e.select_problems else [])
+        metrics: dict[str, float] = {}
+        for part in parts:   # the whole set, then its selection / confirmation parts (eval.select_problems)
+            if self.tracker is not None:
+                self.tracker.log_text(part.per_problem_csv(), per_problem_artifact(part.bench, self.step))
+            metrics.update(part.metrics())
+        return metrics
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> StepResult:

@@ -66,13 +66,14 @@ def test_progress_estimates_time_left_from_steps_done():
     view = SweepView("s", planned=4, steps_per_trial=10, metric="eval/heldout/avg_at_k", out=io.StringIO(),
                      live=False, clock=clock)
     assert view.progress_text().endswith("time left: after the first steps")
+    clock.t += 30.0                      # set-up (Ray, the tracking server) before the first trial starts
     view.started("a", "search", "x=1")
     view.started("b", "search", "x=2")
     clock.t += 60.0
     view.result("a", 5, None)
     view.result("b", 5, None)
-    # 10 of 40 steps in 60 s -> 30 steps left at 6 s each = 3 min
-    assert view.progress_text() == "sweep s: 0/4 trials done, 10/40 steps, 1m00s elapsed, about 3m00s left"
+    # 10 of 40 steps in the 60 s since the first start -> 30 steps left at 6 s each = 3 min
+    assert view.progress_text() == "sweep s: 0/4 trials done, 10/40 steps, 1m30s elapsed, about 3m00s left"
     assert [t.key for t in view.unfinished()] == ["a", "b"] and view.not_created() == 2
 
 

@@ -65,6 +65,7 @@ class SweepView:
         self.out = out
         self.clock = clock
         self.t0 = clock()
+        self.t_running: Optional[float] = None   # when the first trial started (set-up before it is not trial work)
         self.trials: dict[str, TrialLine] = {}
         self.live_enabled = live
         self._live: Any = None
@@ -91,6 +92,8 @@ class SweepView:
             return
         was = t.status
         t.status = RUNNING
+        if self.t_running is None:
+            self.t_running = self.clock()
         self._event(t, "resumed from its checkpoint" if was == RETRYING else "started")
 
     def result(self, key: str, step: Optional[int], heldout: Optional[float]) -> None:
@@ -142,15 +145,17 @@ class SweepView:
         return max(0, self.planned - len(self.trials))
 
     def progress_text(self) -> str:
-        """``sweep mpt_threshold: 3/8 trials done, 57/160 steps, 2m10s elapsed, about 3m40s left``."""
+        """``sweep mpt_threshold: 3/8 trials done, 57/160 steps, 2m10s elapsed, about 3m40s left``: the
+        steps left at the pace of the steps done since the first trial started."""
         done = sum(t.status in FINAL for t in self.trials.values())
         total_steps = self.planned * self.steps_per_trial
         steps = sum(t.total if t.status in FINAL else t.step for t in self.trials.values())
         elapsed = self.clock() - self.t0
+        working = self.clock() - (self.t_running if self.t_running is not None else self.t0)
         if done == self.planned:
             left = "done"
         elif steps > 0:
-            left = f"about {fmt_duration(elapsed * (total_steps - steps) / steps)} left"
+            left = f"about {fmt_duration(working * (total_steps - steps) / steps)} left"
         else:
             left = "time left: after the first steps"
         return (f"sweep {self.name}: {done}/{self.planned} trials done, {steps}/{total_steps} steps, "

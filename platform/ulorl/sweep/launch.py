@@ -366,9 +366,9 @@ class SweepRunner:
             return [tune_events.ViewCallback(key)] if self._view is not None else []
 
         parent: Optional[str] = None
-        trial_uri = self._trial_uri()
         saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
         try:
+            trial_uri = self._trial_uri()
             if self._server is not None:  # the driver writes through the server too (proxied artifacts)
                 os.environ.update(self._server.client_env())
                 self.tracking_uri = trial_uri

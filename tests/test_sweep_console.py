@@ -101,7 +101,7 @@ import os, sys, subprocess
 from pathlib import Path
 from ulorl.sweep.capture import OutputCapture
 log = Path(sys.argv[1])
-with OutputCapture(log, echo=sys.argv[2] == "echo") as cap:
+with OutputCapture(log, echo=sys.argv[2] == "echo", console_fd=2 if sys.argv[2] == "stderr" else 1) as cap:
     print("python stdout")
     print("python stderr", file=sys.stderr)
     os.write(2, b"fd 2 write\n")
@@ -134,6 +134,12 @@ def test_capture_with_echo_also_copies_to_the_terminal(tmp_path):
     assert "python stderr" in err and "fd 2 write" in err
     for line in ("python stdout", "python stderr", "fd 2 write", "child process"):
         assert line in log
+
+
+def test_capture_can_keep_the_view_on_stderr_for_json_on_stdout(tmp_path):
+    out, err, log = _run_child(tmp_path, "stderr")
+    assert out == "after\n" and err == "view line\n"
+    assert "python stdout" in log and "view line" not in log
 
 
 def test_capture_restores_the_file_descriptors(tmp_path, capfd):

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runner = SweepRunner(args.sweep, tracking_uri=args.tracking_uri, address=args.address,
                              output_dir=args.output_dir, resume=args.resume, num_cpus=args.num_cpus,
-                             console=sys.stdout, verbose=args.verbose)
+                             console=sys.stderr if args.json else sys.stdout, verbose=args.verbose)
         summary = runner.run()
     except (SweepError, FileNotFoundError) as exc:
         print(f"ulorl-sweep: {exc}", file=sys.stderr)

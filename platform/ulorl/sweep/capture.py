@@ -5,7 +5,7 @@ through Ray) write status tables, checkpoint lines, progress bars and warnings t
 stdout and stderr. :class:`OutputCapture` points file descriptors 1 and 2 (Python writes, C
 libraries and child processes alike) at the log file for its duration; with ``echo`` it copies
 them to the terminal too (``ulorl-sweep --verbose``). ``console`` is a text stream on the original
-stdout, for the sweep's own view.
+stdout (or stderr: ``console_fd=2``, when stdout carries ``--json``), for the sweep's own view.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import Any, Optional, TextIO
 class OutputCapture:
     """Context manager: fds 1 and 2 -> ``log_path`` (appended), ``echo`` -> also the originals."""
 
-    def __init__(self, log_path: Path, echo: bool = False) -> None:
+    def __init__(self, log_path: Path, echo: bool = False, console_fd: int = 1) -> None:
         self.log_path = Path(log_path)
         self.echo = echo
+        self.console_fd = console_fd if console_fd in (1, 2) else 1
         self.console: TextIO = sys.stdout
         self._saved: dict[int, int] = {}
         self._threads: list[threading.Thread] = []
@@ -33,7 +34,8 @@ class OutputCapture:
         sys.stdout.flush()
         sys.stderr.flush()
         self._saved = {fd: os.dup(fd) for fd in (1, 2)}
-        self.console = os.fdopen(os.dup(self._saved[1]), "w", buffering=1, encoding="utf-8", errors="replace")
+        self.console = os.fdopen(os.dup(self._saved[self.console_fd]), "w", buffering=1, encoding="utf-8",
+                                 errors="replace")
         self._log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 -- closed in __exit__
         if not self.echo:
             for fd in (1, 2):

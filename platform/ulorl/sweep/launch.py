@@ -342,7 +342,11 @@ class SweepRunner:
         self._choose_sweep_dir()
         if self.console is None:
             return self._run()
-        with OutputCapture(self.sweep_dir / LOG_FILE, echo=self.verbose) as cap:
+        try:
+            console_fd = self.console.fileno()
+        except (AttributeError, OSError, ValueError):   # a stream without a descriptor (tests' capture)
+            console_fd = 1
+        with OutputCapture(self.sweep_dir / LOG_FILE, echo=self.verbose, console_fd=console_fd) as cap:
             live = not self.verbose and cap.console.isatty()
             self._view = SweepView(self.spec.name, self.planned_trials(), self._steps_per_trial(), self.spec.metrics[0],
                                    cap.console, live=live)

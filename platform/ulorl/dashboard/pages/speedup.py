@@ -79,14 +79,17 @@ def render() -> None:
             "finished_per_s": st.column_config.NumberColumn("finished/s", format="%.2f"),
             "trained_per_s": st.column_config.NumberColumn("trained samples/s", format="%.2f"),
             "step_speedup": st.column_config.NumberColumn("step speedup (x)", format="%.2f"),
-            "throughput_x": st.column_config.NumberColumn("throughput (x)", format="%.2f"),
+            "throughput_x": st.column_config.NumberColumn("finished/s (x)", format="%.2f"),
+            "trained_x": st.column_config.NumberColumn("trained/s (x)", format="%.2f"),
         })
         has_base = table["step_speedup"].notna().any()
         st.altair_chart(charts.speedup_chart(table, "step_speedup" if has_base else "median_step_s",
                                              "step speedup vs S=1 (x)" if has_base else "median s/step"),
                         width="stretch", key="speedup_chart")
-        if table["throughput_x"].notna().any():
-            st.altair_chart(charts.speedup_chart(table, "throughput_x", "finished samples/s vs S=1 (x)"),
+        rate = "trained_x" if table["trained_x"].notna().any() else "throughput_x"
+        if table[rate].notna().any():
+            what = "trained" if rate == "trained_x" else "finished"
+            st.altair_chart(charts.speedup_chart(table, rate, f"{what} samples/s vs S=1 (x)"),
                             width="stretch", key="speedup_throughput")
     with right:
         st.subheader("Paper Table 1")

@@ -69,7 +69,9 @@ def small_multiples(curves: pd.DataFrame, height: int = 160) -> alt.FacetChart:
     """Several metrics of the selected runs, one small panel each (column ``metric``)."""
     return alt.Chart(curves).mark_line().encode(
         x=_x("step"), y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
-        color=alt.Color("run:N"), tooltip=["run:N", "metric:N", "step:Q", alt.Tooltip("value:Q", format=".4g")],
+        color=alt.Color("run:N", legend=alt.Legend(labelLimit=LEGEND_LABEL_PX)),
+        tooltip=["run:N", *(["name:N"] if "name" in curves else []), "metric:N", "step:Q",
+                 alt.Tooltip("value:Q", format=".4g")],
     ).properties(height=height, width=260).facet(facet=alt.Facet("metric:N", title=None), columns=2).resolve_scale(
         y="independent")
 

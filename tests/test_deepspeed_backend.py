@@ -270,9 +270,10 @@ def test_gpu_check_script_passes_on_cpu(tmp_path):
     """The GPU check's stages (engine, DeepSpeed ZeRO-2 bf16 steps, save/load, trainer run) on CPU."""
     from ulorl.scale.gpu_check import STAGES
 
-    stages = [s for s in STAGES if s != "long_rows"]  # long_rows needs ulorl.train.memory_bench (own tests)
+    # long_rows / long_update run models of Qwen3-4B's width (own tests: test_gpu_check.py, small shape)
+    stages = [s for s in STAGES if s not in ("long_rows", "long_update")]
     out = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--device", "cpu", "--json", "--steps", "2",
-                          "--stages", ",".join(stages), "--budget-s", "550",
+                          "--stages", ",".join(stages), "--budget-s", "550", "--allow-missing", "vllm,vllm_moe",
                           "--keep", str(tmp_path / "work")], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]

@@ -24,9 +24,9 @@ def no_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
 
 
-def test_vllm_modules_import_without_vllm(no_vllm):
+def test_vllm_modules_import_without_vllm(no_vllm, monkeypatch):
     for mod in ("ulorl.rollout.engines.vllm", "ulorl.rollout.engines.vllm_ext"):
-        sys.modules.pop(mod, None)
+        monkeypatch.delitem(sys.modules, mod, raising=False)   # restored after: later tests keep the classes they imported
         importlib.import_module(mod)
     assert sys.modules["vllm"] is None          # nothing tried to replace the blocked import
 

@@ -1,5 +1,6 @@
-"""``python -m ulorl.scale.gpu_check``: report file, exit status 2 on CPU, stages importing only what
-a GPU machine without internet holds (torch, transformers and the carried wheels)."""
+"""``python -m ulorl.scale.gpu_check``: report file, exit status 2 on CPU, a missing package fails its
+stage unless ``--allow-missing`` names it, the long-row update stage on CPU, stages importing only
+what a GPU machine without internet holds (torch, transformers and the carried wheels)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ulorl.scale.gpu_check import STAGES
+from ulorl.scale.gpu_check import DEFAULT_STAGES
 
-# packages a bare GPU machine does not have: every stage must run or skip without them
-BLOCKED = ("mlflow", "ray", "vllm", "pandas", "optuna", "streamlit", "math_verify", "matplotlib", "rich")  # (sympy, numpy, ... come with torch)
+# packages neither torch + transformers nor the carried wheels (ulorl.scale.gpu_wheels) bring
+# (sympy, numpy, rich, ... come with torch / transformers)
+BLOCKED = ("ray", "vllm", "pandas", "pyarrow", "optuna", "streamlit", "matplotlib", "scipy", "sklearn", "flask")
 
 # absent, as on a bare machine: importing fails, and find_spec (what optional-dependency probes
 # such as transformers' ask) answers None
@@ -38,10 +40,10 @@ importlib.util.find_spec = find_spec
 """
 
 
-def _blocked_env(tmp_path: Path) -> dict[str, str]:
+def _blocked_env(tmp_path: Path, blocked: tuple[str, ...] = BLOCKED) -> dict[str, str]:
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=BLOCKED))
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=blocked))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
     return env
@@ -55,25 +57,78 @@ def test_without_cuda_exits_2_and_writes_every_stage_skipped(tmp_path):
     assert "no CUDA device visible" in out.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["ok"] is False
-    assert [s["stage"] for s in report["stages"]] == list(STAGES)
+    assert [s["stage"] for s in report["stages"]] == list(DEFAULT_STAGES)
     assert {s["status"] for s in report["stages"]} == {"skipped"}
     assert all(s["reason"] == "no CUDA device visible" for s in report["stages"])
+
+
+def _run(args: list[str], env: dict[str, str], tmp_path: Path, timeout: int = 120) -> tuple[int, dict, str]:
+    out = tmp_path / "r.json"
+    out.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--device", "cpu", "--out", str(out), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    report = json.loads(out.read_text()) if out.is_file() else {}
+    return proc.returncode, report, proc.stdout + proc.stderr
+
+
+def _status(report: dict) -> dict[str, tuple[str, str]]:
+    return {s["stage"]: (s["status"], s.get("reason") or s.get("error") or "") for s in report["stages"]}
+
+
+def test_a_missing_package_fails_its_stage_unless_allowed(tmp_path):
+    """No stage child runs here: the package check and the prerequisite check come first."""
+    env = _blocked_env(tmp_path, ("deepspeed",))
+    rc, report, log = _run(["--stages", "zero3,long_update"], env, tmp_path)
+    status = _status(report)
+    assert rc == 1 and report["ok"] is False, log[-2000:]
+    for name in ("zero3", "long_update"):
+        assert status[name][0] == "fail" and "deepspeed not installed" in status[name][1], status
+        assert f"--allow-missing {name}" in status[name][1]
+    rc, report, log = _run(["--stages", "zero3,long_update", "--allow-missing", "long_update,ray"], env, tmp_path)
+    status = _status(report)
+    assert rc == 1 and status["zero3"][0] == "fail", log[-2000:]   # allowing another stage does not help zero3
+    assert status["long_update"] == ("skipped", "deepspeed not installed (allowed by --allow-missing)")
+    rc, report, log = _run(["--stages", "zero3,long_update", "--allow-missing", "zero3,long_update"], env, tmp_path)
+    assert rc == 0 and report["ok"] is True, log[-2000:]
+    assert {s for s, _ in _status(report).values()} == {"skipped"}
+
+
+def test_a_stage_that_cannot_run_fails_the_run(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    rc, report, log = _run(["--stages", "zero2"], env, tmp_path)   # its prerequisite, model, was not run
+    assert rc == 1 and _status(report)["zero2"] == ("fail", "needs stage model to pass first (not run or failed)")
+    rc, report, log = _run(["--stages", "env", "--budget-s", "5"], env, tmp_path)   # no time left for it
+    assert rc == 1 and "budget" in _status(report)["env"][1], log[-2000:]
+    proc = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--device", "cpu", "--allow-missing", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown stage(s) ['nope']" in proc.stderr
+
+
+@pytest.mark.slow  # DeepSpeed's ZeRO-3 init dominates: ~15 s on an idle 2-core machine, 1-2 min under load
+def test_long_update_stage_runs_the_update_path_on_cpu(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    rc, report, log = _run(["--stages", "long_update", "--long-update-shape", "small",
+                            "--long-update-tokens", "128,256", "--long-update-layers", "1"], env, tmp_path, timeout=600)
+    assert rc == 0, log[-3000:]
+    (stage,) = report["stages"]
+    assert stage["stage"] == "long_update" and stage["status"] == "pass" and stage["layers"] == 1
+    for tokens in (128, 256):
+        rec = stage[f"tokens_{tokens}"]
+        assert rec["train_tok_per_s"] > 0 and rec["no_grad_tok_per_s"] > 0 and rec["peak_gib"] > 0
+        assert rec["grad_norm"] > 0
 
 
 @pytest.mark.slow
 def test_stages_need_only_torch_transformers_and_carried_wheels(tmp_path):
     env = _blocked_env(tmp_path)
-    probe = subprocess.run([sys.executable, "-c", "import mlflow"], capture_output=True, text=True, env=env, timeout=60)
+    probe = subprocess.run([sys.executable, "-c", "import pandas"], capture_output=True, text=True, env=env, timeout=60)
     assert probe.returncode != 0 and "blocked" in probe.stderr  # the blocker works
     stages = "env,model,hf_engine,zero2,trainer,vllm,vllm_moe,ray"
-    out = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--device", "cpu", "--stages", stages,
-                          "--steps", "1", "--budget-s", "550", "--out", str(tmp_path / "r.json")], capture_output=True, text=True,
-                         timeout=600, env=env)
-    report = json.loads((tmp_path / "r.json").read_text())
-    status = {s["stage"]: (s["status"], s.get("reason") or s.get("error")) for s in report["stages"]}
-    assert out.returncode == 0, (status, out.stderr[-3000:])
+    rc, report, log = _run(["--stages", stages, "--steps", "1", "--budget-s", "550",
+                            "--allow-missing", "vllm,vllm_moe,ray"], env, tmp_path, timeout=600)
+    status = _status(report)
+    assert rc == 0, (status, log[-3000:])
     assert {k: v[0] for k, v in status.items()} == {
-        "env": "pass", "model": "pass", "hf_engine": "pass", "zero2": "pass",
-        "trainer": "skipped", "vllm": "skipped", "vllm_moe": "skipped", "ray": "skipped"}
-    assert status["trainer"][1] == "mlflow not installed" and status["ray"][1] == "ray not installed"
-    assert status["vllm"][1] == "vllm not installed"
+        "env": "pass", "model": "pass", "hf_engine": "pass", "zero2": "pass", "trainer": "pass",
+        "vllm": "skipped", "vllm_moe": "skipped", "ray": "skipped"}
+    assert status["ray"][1] == "ray not installed (allowed by --allow-missing)"

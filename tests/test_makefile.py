@@ -48,3 +48,11 @@ def test_lint_target_runs_ruff_and_mypy_and_ci_lints_before_the_tests():
     assert "/tmp/ulorl-make-n-venv/bin/mypy platform/ulorl" in text
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert ci.index("make lint") < ci.index("make test")   # set -e: a dirty lint stops CI before the tests
+
+
+def test_composition_target_runs_the_composition_test_in_the_vllm_venv():
+    text = (ROOT / "Makefile").read_text()
+    target = text.split("\ntest-composition:", 1)[1].split("\n\n", 1)[0]
+    assert target.startswith(" setup-vllm")                       # builds the side venv first
+    assert "$(VENV)-vllm/bin/pytest" in target and "-m slow" in target and "tests/vllm/test_composition.py" in target
+    assert "test-composition" in text.split(".PHONY:", 1)[1].split("\n", 1)[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from leaks import files_holding
 from raycluster import LocalRayCluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,18 +97,25 @@ def test_two_node_sweep_places_trainer_and_engine_on_different_nodes(tmp_path):
         assert refused.returncode != 0
         assert "Authentication token is missing or incorrect" in refused.stderr
 
+        password = secrets.token_urlsafe(24)
         env = {**os.environ, **cluster.env(), "ULORL_INJECT_FAILURE": f"2:{tmp_path / 'failed-once'}",
-               "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "ulorl.cli.sweep", str(sweep), "--address", cluster.address,
-                                 "--tracking-uri", store, "--output-dir", str(tmp_path / "runs"), "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-        while proc.poll() is None:
-            peak = max(peak, cluster.rss_mb() + _rss_mb(proc.pid))
-            time.sleep(2)
-        stdout, stderr = proc.communicate(timeout=30)
+               "OMP_NUM_THREADS": "1", "ULORL_MLFLOW_PASSWORD": password}
+        # the driver's output goes to files: a pipe nobody drains while we poll fills up and blocks it
+        out_path, err_path = tmp_path / "sweep.out", tmp_path / "sweep.err"
+        with open(out_path, "w") as out_f, open(err_path, "w") as err_f:
+            proc = subprocess.Popen([sys.executable, "-m", "ulorl.cli.sweep", str(sweep), "--address", cluster.address,
+                                     "--tracking-uri", store, "--output-dir", str(tmp_path / "runs"), "--json"],
+                                    stdout=out_f, stderr=err_f, text=True, env=env, cwd=tmp_path)
+            while proc.poll() is None:
+                peak = max(peak, cluster.rss_mb() + _rss_mb(proc.pid))
+                time.sleep(2)
+        stdout, stderr = out_path.read_text(), err_path.read_text()
         assert proc.returncode == 0, stdout[-3000:] + stderr[-6000:]
-        assert "MLFLOW_TRACKING_PASSWORD" not in stdout + stderr
-        summary = json.loads(stdout.strip().splitlines()[-1])
+        assert "MLFLOW_TRACKING_PASSWORD" not in stdout + stderr and password not in stdout + stderr
+        summary = json.loads(stdout)  # exactly one JSON document on stdout
+        # the password reached the trials (they wrote through the authenticated server) but no file: not the
+        # nodes' Ray session folders and logs, not the run directory, not the store, its artifacts or server log
+        assert files_holding(password, cluster.temp, tmp_path) == []
     finally:
         cluster.stop()
     assert cluster.pids() == []  # the cluster is torn down

@@ -58,3 +58,42 @@ def test_verifier_bench_bad_input(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{f}:2" in err and "'label'" in err
     assert main(["verifier"]) == 2
+
+
+def _rows_file(tmp_path, rows):
+    f = tmp_path / "rows.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return f
+
+
+def test_verifier_bench_split_and_every_mode(tmp_path, capsys):
+    rows = [
+        {"response": "so the answer is 12.", "answer": "12", "label": True, "source": "s", "split": "dev"},
+        {"response": r"\boxed{13}", "answer": "12", "label": False, "source": "s", "split": "dev"},
+        {"response": r"\boxed{12}", "answer": "12", "label": False, "source": "t", "split": "test"},
+        {"response": "The correct answer is (B).", "answer": "B", "label": True, "source": "t", "split": "test"},
+    ]
+    f = _rows_file(tmp_path, rows)
+    assert main(["verifier", str(f), "--split", "test", "--extraction", "all", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["split"] == "test" and res["n"] == 2 and set(res["by_extraction"]) == {"boxed", "boxed_or_final"}
+    boxed, final = res["by_extraction"]["boxed"], res["by_extraction"]["boxed_or_final"]
+    assert res["extraction"] == "boxed" and res["agreement"] == boxed["agreement"]  # top level: the first mode
+    assert (boxed["false_positives"], boxed["false_negatives"]) == (1, 1)  # no box: the letter scores 0
+    assert (final["false_positives"], final["false_negatives"]) == (1, 0)
+    assert final["by_source"] == {"t": {"n": 2, "agreement": 0.5, "false_positives": 1, "false_negatives": 0}}
+    assert boxed["items_per_s"] > 0 and final["items_per_s"] > 0
+    assert main(["verifier", str(f), "--split", "dev", "--extraction", "all", "--out", str(tmp_path / "o.jsonl")]) == 0
+    table = capsys.readouterr().out
+    assert "extraction=boxed," in table and "extraction=boxed_or_final," in table
+    out_rows = [json.loads(x) for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["extraction"] for r in out_rows] == ["boxed", "boxed", "boxed_or_final", "boxed_or_final"]
+
+
+def test_verifier_bench_split_errors(tmp_path, capsys):
+    f = _rows_file(tmp_path, [{"response": "x", "answer": "1", "label": True}])
+    assert main(["verifier", str(f), "--split", "dev"]) == 2
+    assert "no row has a 'split' field" in capsys.readouterr().err
+    f = _rows_file(tmp_path, [{"response": "x", "answer": "1", "label": True, "split": "dev"}])
+    assert main(["verifier", str(f), "--split", "test"]) == 2
+    assert "no row with split 'test'" in capsys.readouterr().err

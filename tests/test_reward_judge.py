@@ -98,3 +98,82 @@ def test_scorer_asks_judge_only_when_rule_says_no():
         st = scorer.stats
     assert st["judge_calls"] == 2 and st["judge_flips"] == 1
     assert judge.stats["calls"] == 2
+
+
+# ---- cause 2 (issue 29): prose answers, the judge as a second opinion in evaluation ----------------
+PROSE_YES = {("No, it is not possible to tile the board", "No"), ("Player A wins", "A"),
+             (r"\text{not a rational number}", "irrational")}
+
+
+def _prose_reply(prompt: str, _req) -> str:
+    pred = re.search(r"Predicted answer: (.*)\n", prompt).group(1)
+    ref = re.search(r"Reference answer: (.*)\n", prompt).group(1)
+    return "Same meaning.\nVERDICT: YES" if (pred, ref) in PROSE_YES else "VERDICT: NO"
+
+
+PROSE_ITEMS = [
+    ("We colour the board. The answer is: No, it is not possible to tile the board.", "No", False),  # judge YES
+    ("Final answer: Player A wins.", "A", False),                                                   # judge YES
+    (r"So $\boxed{\text{not a rational number}}$.", "irrational", False),                           # judge YES
+    ("The answer is: Yes, it is possible.", "No", False),                                           # judge NO
+    ("The answer is (B).", "C", False),        # proven letter mismatch: judge not asked
+    ("We colour the board in two colours and count the cells of each", "No", False),  # no answer: not asked
+    ("Final answer: Player A wins.", "A", True),  # truncated: 0, judge not asked
+    ("The answer is 12.", "12", False),        # rule says yes: judge not asked
+]
+
+
+def test_judge_second_opinion_on_prose_answers_in_evaluation():
+    tok = byte_tokenizer()
+    engine = TextScriptedEngine(tok, _prose_reply)
+    judge = GenerativeJudge(engine, tok)
+    with RewardScorer(timeout_s=10.0, judge=judge, extraction="boxed_or_final") as scorer:
+        assert scorer.score(PROSE_ITEMS) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+        st = scorer.stats
+    assert st["judge_calls"] == 4 and st["judge_flips"] == 3
+    assert judge.stats["calls"] == 4 and judge.stats["yes"] == 3 and judge.stats["no"] == 1
+    asked = sorted(re.search(r"Predicted answer: (.*)\n", p).group(1) for p in engine.prompts)
+    assert asked == sorted([p for p, _ in PROSE_YES] + ["Yes, it is possible"])
+    with RewardScorer(timeout_s=10.0, extraction="boxed_or_final") as scorer:  # no judge: the rule path alone
+        assert scorer.score(PROSE_ITEMS) == [0.0] * 7 + [1.0]
+
+
+def test_bench_reports_judge_cost_with_a_scripted_judge():
+    from ulorl.reward.verifier_bench import format_summary, score_labelled
+
+    rows = [{"response": t, "answer": a, "label": not tr and (a, t) != ("No", PROSE_ITEMS[3][0]) and i not in (4, 5),
+             "source": "prose"} for i, (t, a, tr) in enumerate(PROSE_ITEMS[:6])]
+    tok = byte_tokenizer()
+    engine = TextScriptedEngine(tok, _prose_reply)
+    summary, per_row = score_labelled(rows, "boxed_or_final", judge=GenerativeJudge(engine, tok))
+    j = summary["judge"]
+    assert j["calls"] == 4 and j["flips"] == 3 and j["judge_stats"]["calls"] == 4
+    assert j["seconds"] > 0 and j["seconds_per_call"] == pytest.approx(j["seconds"] / 4)
+    assert j["calls_per_item"] == pytest.approx(4 / 6)
+    assert summary["agreement"] == 1.0 and [p["score"] for p in per_row] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert "judge: 4 calls" in format_summary(summary)
+    plain, _ = score_labelled(rows, "boxed_or_final")
+    assert "judge" not in plain and plain["false_negatives"] == 3
+
+
+@pytest.mark.slow
+def test_bench_judge_model_cli_with_a_real_model(tmp_path, capsys):
+    """``--judge-model embedded``: the shipped tiny model through the platform's loader and HF engine.
+    It cannot judge (its replies are not verdicts: unparseable, no flips); the plumbing and the cost
+    per call are what this checks."""
+    import json
+
+    from ulorl.cli.bench import main
+
+    f = tmp_path / "prose.jsonl"
+    f.write_text("\n".join(json.dumps({"response": t, "answer": a, "label": True, "source": "prose"})
+                           for t, a, _ in PROSE_ITEMS[:3]) + "\n")
+    rc = main(["verifier", str(f), "--extraction", "boxed_or_final", "--judge-model", "embedded",
+               "--judge-max-new-tokens", "8", "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    j = res["judge"]
+    assert j["calls"] == 3 and j["flips"] == 0 and j["judge_stats"]["unparseable"] == 3
+    assert j["seconds_per_call"] > 0 and res["false_negatives"] == 3
+    assert main(["verifier", str(f), "--judge-model", str(tmp_path / "missing")]) == 2
+    assert "--judge-model" in capsys.readouterr().err

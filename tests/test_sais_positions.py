@@ -51,3 +51,23 @@ def test_length_mismatch_is_refused_before_training():
         check_sais_logprobs([s])
     s.old_logprobs = [-1.0] * 5
     check_sais_logprobs([s])
+
+
+def test_engine_segment_logprobs_store_the_engines_values_by_position():
+    """SAIS from the engine (ZeRO-3 + vLLM): each new segment's old log-probs are the engine's
+    sampled-token log-probs of exactly that segment's positions."""
+    from ulorl.rollout.types import Sample, SegmentSpan
+    from ulorl.train.update import engine_segment_logprobs
+
+    s = Sample(0, 0, [1, 2], response_ids=[5, 6, 7, 8, 9], sampling_logprobs=[-0.1, -0.2, -0.3, -0.4, -0.5],
+               segments=[SegmentSpan(0, 2, 0)])
+    engine_segment_logprobs([s])
+    assert s.old_logprobs == [-0.1, -0.2]
+    s.segments.append(SegmentSpan(2, 5, 1))
+    engine_segment_logprobs([s])
+    assert s.old_logprobs == [-0.1, -0.2, -0.3, -0.4, -0.5]
+    engine_segment_logprobs([s])                        # called again for the same segment: nothing added
+    assert len(s.old_logprobs) == 5
+    short = Sample(1, 0, [1], response_ids=[5, 6], sampling_logprobs=[-0.1], segments=[SegmentSpan(0, 2, 0)])
+    with pytest.raises(ValueError, match="1 log-probs for 2 response tokens"):
+        engine_segment_logprobs([short])

@@ -3,8 +3,6 @@ override values and the trial run names."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -41,19 +39,60 @@ def test_per_problem_csv_reads_accuracy_from_counts():
     assert parse_per_problem_csv(text) == {"q1": 0.5, "q2": 1.0}
 
 
-def test_verdict_needs_every_seed():
+def _confirmed(run_id: str, role: str, seed: int, selection: list[float], confirm: list[float],
+               objective: float | None = None) -> Trial:
+    t = _trial(run_id, role, seed, selection, objective)
+    t.confirm = {f"c{i}": v for i, v in enumerate(confirm)}
+    return t
+
+
+def test_verdict_judges_rerun_seeds_on_the_confirmation_problems():
     base = [0.0, 0.5, 0.5, 1.0, 0.0, 0.5]
     up = [x + 0.25 for x in base]
-    trials = [_trial("best", "search", 0, up), _trial("other", "search", 0, base, objective=0.1),
-              _trial("base0", "baseline", 0, base), _trial("base1", "baseline", 1, base),
-              _trial("rerun1", "rerun", 1, up)]
+    # the best trial won the search on the selection part by +0.5, on its confirmation part by 0.25
+    trials = [_confirmed("best", "search", 0, [1.0] * 6, up), _confirmed("other", "search", 0, base, base),
+              *[_confirmed(f"base{s}", "baseline", s, base, base) for s in range(4)],
+              _confirmed("rerun1", "rerun", 1, base, [x + 0.25 for x in base]),
+              _confirmed("rerun2", "rerun", 2, base, [x + 0.125 for x in base]),
+              _confirmed("rerun3", "rerun", 3, base, [x + 0.375 for x in base])]
     v = verdict(trials)
-    assert v.beats is True and "BEATS the baseline on all 2 seed(s)" in v.line
-    assert [p["seed_offset"] for p in v.per_seed] == [0, 1] and v.seed_spread == pytest.approx(0.0)
-    # on the second seed the best config is no better: no claim
-    trials[-1] = _trial("rerun1", "rerun", 1, base)
+    # diffs 0.25 / 0.125 / 0.375: t95 = 0.25 +- 4.303 * 0.125 / sqrt(3) = [-0.061, 0.561]: inconclusive
+    assert [p["seed_offset"] for p in v.per_seed] == [1, 2, 3] and v.part == "confirmation"
+    assert [p["diff"] for p in v.per_seed] == pytest.approx([0.25, 0.125, 0.375])
+    assert v.t_interval == pytest.approx((0.25 - 4.302652729911275 * 0.125 / 3 ** 0.5,
+                                          0.25 + 4.302652729911275 * 0.125 / 3 ** 0.5))
+    assert v.selected is not None and v.selected["diff"] == pytest.approx(0.25)   # shown, not counted
+    assert v.beats is False and "does NOT beat the baseline" in v.line and "selected seed 0, not counted" in v.line
+    # the same gain on every problem and seed but with a spread across seeds: beats
+    trials[-1] = _confirmed("rerun3", "rerun", 3, base, [x + 0.3 for x in base])
+    trials[-2] = _confirmed("rerun2", "rerun", 2, base, [x + 0.2 for x in base])
     v = verdict(trials)
-    assert v.beats is False and "does NOT beat the baseline" in v.line
+    assert v.beats is True and "BEATS the baseline on 3 re-run seeds" in v.line
+    assert v.problem_interval is not None and v.problem_interval[0] > 0
+
+
+def test_verdict_never_rests_on_two_identical_rerun_differences():
+    base = [0.0, 0.5, 0.5, 1.0]
+    trials = [_confirmed("best", "search", 0, [1.0] * 4, base), _confirmed("base1", "baseline", 1, base, base),
+              _confirmed("base2", "baseline", 2, base, base),
+              _confirmed("rerun1", "rerun", 1, base, [x + 0.25 for x in base]),
+              _confirmed("rerun2", "rerun", 2, base, [x + 0.25 for x in base])]
+    v = verdict(trials)
+    # +0.25 on every problem and both seeds: no t-interval (2 seeds, zero spread); the pooled problem
+    # bootstrap is the point 0.25 and carries the verdict alone
+    assert v.t_interval is None and v.problem_interval == pytest.approx((0.25, 0.25))
+    assert "no t-interval: only 2 seed(s)" in v.line and v.beats is True
+    v1 = verdict(trials[:-1] + [_confirmed("rerun9", "rerun", 9, base, base)])   # one paired re-run seed
+    assert v1.beats is None and "cannot be judged" in v1.line
+
+
+def test_verdict_without_a_split_says_it_scores_the_selection_problems():
+    base = [0.0, 0.5, 0.5, 1.0, 0.0, 0.5]
+    trials = [_trial("best", "search", 0, [x + 0.25 for x in base]), _trial("base0", "baseline", 0, base),
+              _trial("base1", "baseline", 1, base), _trial("rerun1", "rerun", 1, [x + 0.25 for x in base])]
+    v = verdict(trials)
+    assert v.part == "all" and "the ones the search selected on" in v.line
+    assert [p["seed_offset"] for p in v.per_seed] == [1] and v.beats is None
 
 
 def test_ranking_rows_pair_with_the_same_seed_baseline():

@@ -40,7 +40,8 @@ def test_dry_run_shows_the_placement_bundles_of_multi_process_trials(tmp_path):
 
 
 def test_dry_run_one_process_trial_keeps_cpu_gpu(tmp_path):
-    spec, base_path, base = load_sweep(_spec(tmp_path, "resources: {cpu: 2, gpu: 0}\n"))
+    body = "resources: {cpu: 2, gpu: 0}\nspace:\n  algo.mpt.tau: {choice: [0.9]}\n"
+    spec, base_path, base = load_sweep(_spec(tmp_path, body))
     assert all(t["resources"] == {"cpu": 2, "gpu": 0} for t in describe_trials(spec, base, base_path))
 
 

@@ -25,14 +25,18 @@ def test_zero3_load_scope_ends_with_the_context():
         assert not is_deepspeed_zero3_enabled()
 
 
-@pytest.mark.parametrize(("engine", "is_mode", "needed"), [
-    ("vllm", "pois", False), ("vllm", "sais", True), ("hf", "pois", True), ("hf", "sais", True)])
-def test_rollout_copy_needed_only_for_in_process_users(engine, is_mode, needed):
-    from ulorl.train.worker import rollout_copy_needed
+@pytest.mark.parametrize(("engine", "is_mode", "sais_logprobs", "needed"), [
+    ("vllm", "pois", "auto", False),
+    ("vllm", "sais", "auto", False),      # ZeRO-3 + vLLM: SAIS takes the engine's log-probs, no full copy
+    ("vllm", "sais", "trainer", True),    # a trainer forward on rank 0 alone needs the full copy
+    ("hf", "pois", "auto", True), ("hf", "sais", "auto", True)])
+def test_rollout_copy_needed_only_for_in_process_users(engine, is_mode, sais_logprobs, needed):
+    from ulorl.train.worker import rollout_copy_needed, sais_from_engine
 
-    cfg = config_from_dict({"rollout": {"engine": engine}, "algo": {"is_mode": is_mode},
+    cfg = config_from_dict({"rollout": {"engine": engine}, "algo": {"is_mode": is_mode, "sais_logprobs": sais_logprobs},
                             "train": {"backend": "deepspeed", "deepspeed": {"zero_stage": 3}}})
     assert rollout_copy_needed(cfg) is needed
+    assert sais_from_engine(cfg) is (engine == "vllm" and sais_logprobs == "auto")
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from ulorl.algo.entropy_control import ENTROPY_CONTROLS
 from ulorl.algo.importance import IS_MODES
 from ulorl.algo.loss import LOSS_AGG
 from ulorl.algo.masks import ENTROPY_SCOPES, MASK_MODES
@@ -165,6 +166,49 @@ class MPTConfig(_Section):
         return "off" if v is False else v
 
 
+class EntropyControlConfig(_Section):
+    """Entropy-control comparators of DMMPTs (ulorl.algo.entropy_control; docs/beyond.md):
+    'clip_cov' and 'kl_cov' (Cui et al. 2025, verl's loss modes of those names) act on the response
+    tokens with the largest covariance (A - mean A)(logp - mean logp): Clip-Cov zeroes the loss of
+    max(int(clip_cov_ratio * n), 1) tokens drawn at random among those with covariance in
+    (clip_cov_lb, clip_cov_ub) and no active PPO clip; KL-Cov adds kl_cov_coef * |log r| to the
+    max(1, int(kl_cov_ratio * n)) tokens of largest covariance and drops the PPO clip (as verl; on
+    the paper's on-policy update, POIS with train.updates_per_step 1, r = 1 and the penalty is 0).
+    'high_entropy_minority' (Wang et al. 2025, "Beyond the 80/20 Rule"; TRL's top_entropy_quantile)
+    trains only the tokens whose entropy is in the batch's top top_entropy_quantile fraction.
+    Selections come from the pre-update pass, once per step, over the step's whole batch; masked
+    tokens stay in the loss denominator; the mask adds to algo.mpt's. Logged: train/entropy_control_frac.
+    """
+
+    mode: str = Field(
+        "off", description="entropy control beside algo.mpt.mode: 'off', 'clip_cov', 'kl_cov' or "
+        "'high_entropy_minority' (the 80/20 rule)", json_schema_extra={"choices": list(ENTROPY_CONTROLS)}
+    )
+    clip_cov_ratio: float = Field(
+        2e-4, gt=0.0, le=1.0, description="clip_cov: fraction of the step's response tokens detached (verl's "
+        "default 2e-4; sweeps/choice/entropy_controls.yaml raises it to DMMPTs' share)")
+    clip_cov_lb: float = Field(1.0, description="clip_cov: only tokens with covariance > this (verl 1.0)")
+    clip_cov_ub: float = Field(5.0, description="clip_cov: only tokens with covariance < this (verl 5.0)")
+    kl_cov_ratio: float = Field(
+        2e-4, gt=0.0, le=1.0, description="kl_cov: fraction of the step's response tokens KL-penalised (verl's "
+        "default 2e-4)")
+    kl_cov_coef: float = Field(0.1, ge=0.0, description="kl_cov: coefficient of |log r| (verl's ppo_kl_coef, 0.1)")
+    top_entropy_quantile: float = Field(
+        0.2, ge=0.0, le=1.0, description="high_entropy_minority: rho, the top-entropy fraction of response tokens "
+        "trained (Wang et al. and TRL recommend 0.2; 1.0 trains every token)")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> EntropyControlConfig:
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            raise ValueError(f"clip_cov_lb ({self.clip_cov_lb}) must be < clip_cov_ub ({self.clip_cov_ub})")
+        return self
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v
+
+
 class AlgoConfig(_Section):
     """Loss and importance sampling."""
 
@@ -173,6 +217,10 @@ class AlgoConfig(_Section):
         "segment's policy version), 'tois' (true on-policy, segments = 1)",
         json_schema_extra={"choices": list(IS_MODES)}
     )
+    sais_logprobs: Literal["auto", "trainer", "engine"] = Field(
+        "auto", description="SAIS old log-probs of each segment: 'trainer' (a forward of the training model at the "
+        "segment's version), 'engine' (the rollout engine's sampled-token log-probs, same weights), 'auto' (engine "
+        "under ZeRO-3 with vllm engines, where no rank holds a full copy to run that forward; else trainer)")
     eps_low: float = Field(0.2, ge=0.0, lt=1.0, description="lower clip: ratio >= 1 - eps_low")
     eps_high: float = Field(0.2, ge=0.0, description="upper clip: ratio <= 1 + eps_high (clip-higher when > eps_low)")
     adv_eps: float = Field(1e-6, gt=0, description="added to the group std in the advantage denominator")
@@ -195,6 +243,8 @@ class AlgoConfig(_Section):
         "or 'seq_mean' (mean over sequences of per-sequence means, GRPO)", json_schema_extra={"choices": list(LOSS_AGG)}
     )
     mpt: MPTConfig = Field(MPTConfig(), description="masking of well-mastered positive tokens")
+    entropy_control: EntropyControlConfig = Field(
+        EntropyControlConfig(), description="entropy-control comparators (Clip-Cov, KL-Cov, 80/20 rule)")
 
 
 class DeepSpeedConfig(_Section):
@@ -295,6 +345,17 @@ class EvalConfig(_Section):
     top_k: int = Field(20, ge=-1, description="eval top-k (-1 = off)")
     max_new_tokens: Optional[int] = Field(None, ge=1, description="default: rollout.max_response_len")
     seed: int = Field(1234, description="seed of the eval sampling draws")
+    select_problems: int = Field(
+        0, ge=0, description="split the evaluated problems: the first N are the selection part (eval/<bench>_select/*, "
+        "what a sweep optimises), the rest the confirmation part (eval/<bench>_confirm/*, what its verdict scores); "
+        "eval/<bench>/* stays the whole set; 0 = no split")
+
+    @model_validator(mode="after")
+    def _split_inside(self) -> EvalConfig:
+        if self.select_problems and self.num_problems is not None and self.select_problems >= self.num_problems:
+            raise ValueError(f"eval.select_problems ({self.select_problems}) must be below eval.num_problems "
+                             f"({self.num_problems}): the rest are the confirmation problems")
+        return self
 
 
 class ExperimentConfig(_Section):
@@ -413,6 +474,10 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: top level must be a mapping of sections, got {type(data).__name__}")
+    if not data:  # an empty file would silently run every default
+        raise ConfigError(f"{p}: the experiment file is empty (no section, no key), so every setting would be a "
+                          "default; start from experiments/quickstart.yaml, or list the keys it changes "
+                          "(ulorl-train --explain shows them all)")
     return data
 
 

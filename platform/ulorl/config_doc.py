@@ -85,7 +85,7 @@ def section_docs(model: type[BaseModel] = ExperimentConfig) -> dict[str, str]:
     out = {}
     for key, _info, section in _walk(model, ""):
         if section is not None:
-            out[key] = (section.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+            out[key] = " ".join((section.__doc__ or "").strip().split("\n\n")[0].split())
     return out
 
 

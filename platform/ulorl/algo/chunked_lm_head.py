@@ -17,14 +17,17 @@ gradient. Tied input/output embeddings need nothing special: pass ``lm_head.weig
 Parameter as the input embedding), autograd accumulates both uses into it.
 
 Under autocast the chunk matmuls run in the autocast dtype (as ``lm_head`` would), softmax math in
-float32. A DeepSpeed ZeRO-3 partitioned head weight (``is_zero3_param``) goes through the head
-module instead (``_HeadModuleLogProbs``: ZeRO-3's module hooks gather it per chunk in forward and
-in the backward recompute, its gradient is handed to ZeRO-3's reduction once per backward).
+float32. A DeepSpeed ZeRO-3 partitioned head weight (``is_zero3_param``) lives in shards outside its
+module's calls: the whole chunked computation then runs as *one* call of the head module
+(``call_with_forward``), so ZeRO-3's module hooks gather the weight once for the forward and once
+for the backward (its pre-backward hook), whatever the number of chunks, and its gradient reaches
+ZeRO-3's reduction once, through autograd, summed with a tied input embedding's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import torch
@@ -165,85 +168,30 @@ def is_zero3_param(weight: Tensor) -> bool:
     return hasattr(weight, "ds_id")
 
 
-def _set_grad_ready(params: Sequence[Tensor], ready: bool) -> None:
-    """ZeRO-3's flag: a parameter whose gradient hook fires with ``ds_grad_is_ready`` False keeps
-    accumulating ``.grad`` instead of queueing it for reduction (DeepSpeed's tiled-compute protocol)."""
-    for p in params:
-        p.ds_grad_is_ready = ready  # type: ignore[attr-defined]
+@contextlib.contextmanager
+def forward_replaced(module: torch.nn.Module, body: Callable[..., Any]) -> Iterator[None]:
+    """Inside: calling ``module`` runs ``body`` as its forward, with every hook the module has (an
+    instance attribute shadows the class's ``forward`` for ``nn.Module.__call__``); restored after."""
+    previous = module.__dict__.get("forward")
+    module.forward = body
+    try:
+        yield
+    finally:
+        if previous is None:
+            del module.forward
+        else:
+            module.forward = previous
 
 
-class _HeadModuleLogProbs(torch.autograd.Function):
-    """The same as ``_LinearLogProbs`` through the head *module*, for ZeRO-3 partitioned weights.
+def call_with_forward(module: torch.nn.Module, body: Callable[..., Any], *args: Any) -> Any:
+    """``body(*args)`` run as one call of ``module`` (its pre / post forward hooks around it).
 
-    h Float[N, H], labels Long[N] (all >= 0) -> (logp Float[N], ent Float[N]). ZeRO-3 gathers a
-    parameter only inside its module's forward / backward (module hooks), and reduces its gradient
-    from the hook on ``.grad`` accumulation; so, as DeepSpeed's ``SequenceTiledCompute`` does, the
-    forward calls ``head`` per chunk without a graph, and the backward recomputes each chunk through
-    ``head`` with a graph and runs a nested ``torch.autograd.backward`` from the chunk's logits
-    gradient: the hidden-state gradient lands in the chunk's leaf, the weight gradient accumulates
-    in ``weight.grad`` with ``ds_grad_is_ready`` False on every chunk but the last, so ZeRO-3
-    reduces the weight once, with the sum. A head tied to the input embedding (``tied``) gets its
-    embedding gradient later in the same backward: it stays unready through all chunks and is
-    reduced when that last contribution arrives. Outputs are the ``head`` dtype's logits in float32.
-    """
-
-    @staticmethod
-    def forward(
-        ctx: Any, h: Tensor, labels: Tensor, head: torch.nn.Module, temperature: float, rows: int,
-        with_entropy: bool, tied: bool,
-    ) -> tuple[Tensor, Tensor]:
-        ctx.set_materialize_grads(False)
-        n = h.shape[0]
-        cd = torch.float64 if h.dtype == torch.float64 else torch.float32
-        logp = torch.empty(n, dtype=cd, device=h.device)
-        lse_all = torch.empty(n, dtype=cd, device=h.device)
-        ent = torch.zeros(n if with_entropy else 0, dtype=cd, device=h.device)
-        for s in range(0, n, rows):
-            e = min(s + rows, n)
-            x = head(h[s:e]).to(cd).div_(temperature)
-            _chunk_stats(x, labels[s:e], lse_all[s:e], logp[s:e], ent[s:e] if with_entropy else None)
-        if not with_entropy:
-            ctx.mark_non_differentiable(ent)
-        ctx.save_for_backward(h, labels, lse_all, ent)
-        ctx.head, ctx.temperature, ctx.rows, ctx.tied = head, temperature, rows, tied
-        dev = h.device.type
-        ctx.autocast = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
-        return logp, ent
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, g_logp: Tensor | None, g_ent: Tensor | None) -> tuple[Tensor | None, ...]:
-        h, labels, lse_all, ent = ctx.saved_tensors
-        head: torch.nn.Module = ctx.head
-        t: float = ctx.temperature
-        rows: int = ctx.rows
-        n = h.shape[0]
-        cd = lse_all.dtype
-        params = [p for p in head.parameters() if p.requires_grad]
-        gl = (g_logp.to(cd) / t) if g_logp is not None else None
-        ge = (g_ent.to(cd) / t) if (g_ent is not None and ent.numel()) else None
-        need_h = ctx.needs_input_grad[0]
-        grad_h = torch.empty_like(h) if need_h else None
-        if gl is None and ge is None:
-            return (grad_h.zero_() if grad_h is not None else None, None, None, None, None, None, None)
-        enabled, dtype = ctx.autocast
-        starts = list(range(0, n, rows))
-        try:
-            for i, s in enumerate(starts):
-                e = min(s + rows, n)
-                _set_grad_ready(params, i == len(starts) - 1 and not ctx.tied)
-                hc = h[s:e].detach().requires_grad_(need_h)
-                with torch.enable_grad(), torch.autocast(h.device.type, dtype=dtype, enabled=enabled):
-                    x = head(hc)
-                logp = x.detach().to(cd).div_(t).sub_(lse_all[s:e, None])
-                gx = _logits_grad(logp, labels[s:e], ent[s:e] if ge is not None else None,
-                                  gl[s:e] if gl is not None else None, ge[s:e] if ge is not None else None)
-                torch.autograd.backward(x, gx.to(x.dtype))
-                if grad_h is not None and hc.grad is not None:
-                    grad_h[s:e] = hc.grad
-        finally:
-            _set_grad_ready(params, True)
-        return (grad_h, None, None, None, None, None, None)
+    DeepSpeed ZeRO-3 gathers a module's parameters in the pre-forward hook, releases them in the
+    post-forward hook, and wraps the call's tensor inputs and outputs so that the backward through
+    them gathers the parameters again and releases them after: ``body`` sees the full weight, and a
+    backward that needs it (``_LinearLogProbs``) finds it gathered."""
+    with forward_replaced(module, body):
+        return module(*args)
 
 
 def logprobs_from_hidden(
@@ -255,7 +203,6 @@ def logprobs_from_hidden(
     chunk_tokens: int | None = None,
     lm_head: Callable[[Tensor], Tensor] | None = None,
     with_entropy: bool = True,
-    tied: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """(log-probs, entropy) of softmax((hidden @ weight.T + bias) / temperature), chunked over tokens.
 
@@ -268,11 +215,10 @@ def logprobs_from_hidden(
         bias: Float[V] LM head bias, if the model has one.
         chunk_tokens: token rows per chunk; None = auto (float32 [rows x V] of <= 2**25 elements).
         lm_head: the head module (``weight`` is its weight); needed for a DeepSpeed ZeRO-3
-            partitioned weight, which only the module's own calls gather.
+            partitioned weight, which only the module's own calls gather: the whole computation
+            then runs as one call of it (gathered once per forward, once per backward).
         with_entropy: False skips the entropy (returned as zeros, not differentiable): the
             training pass needs log-probs only.
-        tied: the head weight is also the input embedding (ZeRO-3 only: its gradient is then
-            reduced with the embedding's, later in the same backward).
 
     Returns:
         (logprobs Float[...], entropy Float[...]), float32 (float64 for float64 inputs). Both are
@@ -296,8 +242,15 @@ def logprobs_from_hidden(
     if zero3:
         if not isinstance(lm_head, torch.nn.Module):
             raise ValueError("a DeepSpeed ZeRO-3 partitioned LM head weight needs the head module (lm_head=...)")
-        lp_v, ent_v = cast(tuple[Tensor, Tensor],
-                           _HeadModuleLogProbs.apply(h_valid, l_valid, lm_head, t, rows, with_entropy, tied))
+        head = lm_head
+
+        def gathered(h: Tensor) -> tuple[Tensor, Tensor]:
+            # inside the head's call: ZeRO-3 has gathered its weight (and bias) in full
+            b = cast(Tensor | None, getattr(head, "bias", None))
+            return cast(tuple[Tensor, Tensor],
+                        _LinearLogProbs.apply(h, head.weight, b, l_valid, t, rows, mm, with_entropy))
+
+        lp_v, ent_v = cast(tuple[Tensor, Tensor], call_with_forward(head, gathered, h_valid))
     else:
         lp_v, ent_v = cast(tuple[Tensor, Tensor],
                            _LinearLogProbs.apply(h_valid, weight, bias, l_valid, t, rows, mm, with_entropy))

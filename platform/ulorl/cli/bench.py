@@ -31,6 +31,7 @@ import sys
 from collections.abc import Sequence
 from typing import Optional
 
+from ulorl.jsonout import emit_json, json_command
 from ulorl.reward.verifier_bench import add_parser as add_verifier_parser
 from ulorl.reward.verifier_bench import run_cli as run_verifier_cli
 from ulorl.rollout.weight_sync_bench import add_weight_sync_parser, run_weight_sync_cli
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@json_command
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -134,7 +136,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         names = [x.strip() for x in args.engine.split(",") if x.strip()]
         out = run_engine_comparison(cfg, names, progress=_log)
-        print(json.dumps(out) if args.json else format_engine_comparison(out))
+        if args.json:
+            emit_json(out)
+        else:
+            print(format_engine_comparison(out))
         return 0
     n = len(cfg.segments) * len(cfg.regimes)
     _log(f"{n} settings x {cfg.seconds:.0f}s measured (+ warm-up, cost curve); "
@@ -153,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             json.dump(out, fh)
         _log(f"wrote {args.out}")
     if args.json:
-        print(json.dumps(out))
+        emit_json(out)
     else:
         print(format_report(out))
     return 0

@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ulorl.jsonout import emit_json, json_command
+
 
 class CleanCliError(Exception):
     """A user-facing error (bad flag, missing file, model that does not load)."""
@@ -145,6 +147,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -153,7 +156,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"ulorl-clean: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(summary))
+        emit_json(summary)
     return 0
 
 

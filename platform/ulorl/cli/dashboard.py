@@ -8,13 +8,13 @@ The process becomes the Streamlit server (exec), so its PID is the server's: SIG
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
 from pathlib import Path
 from typing import Optional
 
+from ulorl.jsonout import emit_json, json_command
 from ulorl.tracking import resolve_tracking_uri
 
 REPO_APP = Path(__file__).resolve().parents[3] / "dashboard" / "app.py"
@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     uri = resolve_tracking_uri(args.tracking_uri)
@@ -93,16 +94,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.optuna_storage:
         env[OPTUNA_ENV] = args.optuna_storage
     if args.json:
-        print(json.dumps({"url": url, "port": port, "tracking_uri": uri, "app": str(app), "command": cmd,
-                          "dry_run": bool(args.dry_run)}), flush=True)
+        emit_json({"url": url, "port": port, "tracking_uri": uri, "app": str(app), "command": cmd,
+                   "dry_run": bool(args.dry_run)})
     if args.dry_run:
         if not args.json:
             print(" ".join(cmd))
             print(f"MLFLOW_TRACKING_URI={uri}")
         return 0
     print(f"ulorl-dashboard: serving {uri} at {url} (Ctrl-C stops)", file=sys.stderr, flush=True)
-    if args.json:
-        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # keep stdout to the one JSON object
     os.execve(sys.executable, cmd, env)
     return 0  # not reached
 

@@ -28,13 +28,13 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.data.profiles import profile_names
+from ulorl.jsonout import emit_json, json_command
 
 
 class DataCliError(Exception):
@@ -326,6 +326,7 @@ def cmd_sample(args: argparse.Namespace) -> dict[str, Any]:
                        "num_terms": it.meta["num_terms"]} for it in items]}
 
 
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -346,7 +347,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"ulorl-data {args.command}: interrupted", file=sys.stderr)
         return 130
     if getattr(args, "json", False):
-        print(json.dumps(res))
+        emit_json(res)
     elif args.command == "stats":
         print_stats_table(res)
     elif args.command == "sample":

@@ -18,7 +18,6 @@ ulorl.model_label), nested under ``--parent-run-id`` when given, with metrics
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -26,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Optional
+
+from ulorl.jsonout import emit_json, json_command
 
 DEFAULT_HELDOUT_PROBLEMS = 64
 DEFAULT_HELDOUT_MAX_NEW = 512
@@ -296,6 +297,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -304,7 +306,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"ulorl-eval: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(out, default=str))
+        emit_json(out, default=str)
         print_table(out, sys.stderr)
     else:
         print_table(out, sys.stdout)

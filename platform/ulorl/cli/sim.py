@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from ulorl.jsonout import emit_json, json_command
 from ulorl.report import sim_studies as studies
 from ulorl.report import simulator as sim
 
@@ -352,6 +353,7 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(str(exc)) from None
 
 
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "steps", 1) < 1:
@@ -363,7 +365,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"ulorl-sim {args.command}: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(out, default=float))
+        emit_json(out, default=float)
     else:
         {"validate": _print_validate, "paper": _print_paper, "plan": _print_plan}[args.command](out)
     if args.command == "validate" and args.strict and not out["passed"]:

@@ -7,6 +7,8 @@ import json
 import logging
 import sys
 
+from ulorl.jsonout import emit_json, json_command
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -34,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate and print the trials and their resources")
     p.add_argument("--num-cpus", type=int, help="CPUs for the local Ray (default: all)")
     p.add_argument("--json", action="store_true", help="print the final summary as one JSON object")
+    p.add_argument("--seeds", metavar="OFFSETS",
+                   help="seed offsets to run, e.g. 3-7 or 0,2 (replaces the spec's repeats / baseline seeds; add seeds "
+                        "in chunks, each launch its own MLflow parent, the claims pair them by their seeds)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="show Ray Tune's status tables and the trials' output on the console too (they always go "
                         "to sweep.log in the sweep's directory)")
@@ -47,22 +52,25 @@ def resume_command(args: argparse.Namespace) -> str:
     parts = ["ulorl-sweep", args.sweep]
     for flag, value in (("--tracking-uri", args.tracking_uri), ("--address", args.address),
                         ("--output-dir", None if args.output_dir == "runs" else args.output_dir),
-                        ("--num-cpus", args.num_cpus)):
+                        ("--num-cpus", args.num_cpus), ("--seeds", args.seeds)):
         if value is not None:
             parts += [flag, str(value)]
     return " ".join(shlex.quote(x) for x in parts + ["--resume"])
 
 
+@json_command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     from ulorl.quiet import quiet_libraries
 
     quiet_libraries()
-    from ulorl.sweep.spec import SweepError, load_sweep
+    from ulorl.sweep.spec import SweepError, load_sweep, with_seed_offsets
 
     try:
         spec, base_path, _ = load_sweep(args.sweep)
+        if args.seeds is not None:
+            spec = with_seed_offsets(spec, args.seeds)
     except SweepError as exc:
         print(f"ulorl-sweep: {exc}", file=sys.stderr)
         return 2
@@ -77,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
               f"metric {spec.metric} ({spec.mode}), max concurrent {spec.max_concurrent}")
         if spec.baseline is not None:
             b = spec.baseline
-            print(f"  + baseline {b.name} {json.dumps(b.overrides)} on {b.seeds} seed offset(s)"
-                  + (f" and the best trial re-run on {b.seeds - 1} more" if b.seeds > 1 else ""))
+            offs = spec.baseline_offsets
+            reruns = [o for o in offs if o != 0]
+            print(f"  + baseline {b.name} {json.dumps(b.overrides)} on seed offset(s) {','.join(map(str, offs))}"
+                  + (f" and the best trial re-run on {','.join(map(str, reruns))}" if reruns else ""))
         for ref in spec.references:
             print(f"  + reference {ref.name} {json.dumps(ref.overrides)} (purpose {ref.purpose}) "
                   f"on {ref.seeds} seed offset(s)")
@@ -86,16 +96,23 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + json.dumps(t, default=str))
         if config_from_dict(base).rollout.engine == "vllm" and not vllm_available():
             print("note: rollout.engine=vllm needs the 'gpu' extra (pip install 'ulorl[gpu]'); trials would fail here")
+        if args.json:  # the lines above went to stderr
+            emit_json({"sweep": spec.name, "base": str(base_path), "search": spec.search.algorithm,
+                       "metric": spec.metric, "mode": spec.mode, "max_concurrent": spec.max_concurrent,
+                       "baseline": spec.baseline.model_dump() if spec.baseline else None, "trials": trials},
+                      default=str)
         return 0
     from ulorl.sweep.launch import SweepAlreadyFinished, SweepInterrupted, SweepRunner
     from ulorl.sweep.ranking import print_summary
+    from ulorl.tracking import TrackingStoreError
 
     try:
         runner = SweepRunner(args.sweep, tracking_uri=args.tracking_uri, address=args.address,
                              output_dir=args.output_dir, resume=args.resume, num_cpus=args.num_cpus,
-                             console=sys.stderr if args.json else sys.stdout, verbose=args.verbose)
+                             console=sys.stderr if args.json else sys.stdout, verbose=args.verbose,
+                             seed_offsets=args.seeds)
         summary = runner.run()
-    except (SweepError, FileNotFoundError) as exc:
+    except (SweepError, FileNotFoundError, TrackingStoreError) as exc:
         print(f"ulorl-sweep: {exc}", file=sys.stderr)
         return 2
     except SweepInterrupted as exc:
@@ -106,12 +123,12 @@ def main(argv: list[str] | None = None) -> int:
               "nothing to resume, nothing logged again. Its result:")
         summary = runner.finished_summary(exc.parent_run_id)
         if args.json:
-            print(json.dumps(summary, default=str))
+            emit_json(summary, default=str)
         else:
             print_summary(summary, spec)
         return 0
     if args.json:
-        print(json.dumps(summary, default=str))
+        emit_json(summary, default=str)
     else:
         print_summary(summary, spec)
     if summary["errors"]:

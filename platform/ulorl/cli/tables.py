@@ -1,22 +1,31 @@
 """``ulorl-tables``: rebuild the paper's Tables 1-3 and Figures 2, 4, 5 from the MLflow store.
 
     ulorl-tables --tracking-uri sqlite:///$PWD/mlflow.db --out paper_tables/
+    ulorl-tables --tracking-uri sqlite:///$PWD/mlflow.db --export-results experiments/results
+    ulorl-tables --results experiments/results --out paper_tables/ [--docs platform/ulorl/docs/paper_claims.md]
 
 Writes table{1,2,3}.md / .tex (booktabs) / .csv, fig{2,4,5}.png, cells.csv (every cell -> its
 MLflow run ids) and claims.md / claims.json (the paper's claims over seeds: effect a - b, intervals
-across seeds and over held-out problems, verdict holds / does not hold / inconclusive / not enough
-seeds). Cells without runs read "not run"; the notes under each table name the command that
-produces them. Figures draw an arm run on several seeds as faint per-seed curves, their mean and
-a min-max band.
+across seeds and over held-out problems at the level each verdict uses, minimum detectable effect,
+verdict holds / does not hold / inconclusive / not enough seeds). Cells without runs read "not run";
+the notes under each table name the command that produces them. Figures draw an arm run on several
+seeds as faint per-seed curves, their mean and a min-max band.
+
+--export-results DIR merges the store's FINISHED sweep runs into DIR/<sweep>.jsonl (what the claims
+and figures read; safe to repeat while a sweep runs) and writes nothing else. --results reads those
+files instead of a store: claims.md / claims.json and fig{2,4,5}.png (Tables 1-3 need the store);
+--docs FILE then rewrites the claims table between the markers of FILE.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
+
+from ulorl.jsonout import emit_json, json_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,11 +39,71 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Table 3's held-out column: 'samples' (default) compares runs at equal trained samples "
                         "(the fewest any run had at its last periodic eval); 'last' takes each run's last point "
                         "(equal step counts)")
+    p.add_argument("--export-results", metavar="DIR", default=None,
+                   help="merge the store's FINISHED sweep runs into DIR/<sweep>.jsonl and stop (repeatable; "
+                        "runs already in the files are replaced, others kept)")
+    p.add_argument("--sweep", action="append", default=None,
+                   help="with --export-results: only this ulorl.sweep name (repeat for several)")
+    p.add_argument("--results", action="append", default=None, metavar="PATH",
+                   help="read results files (a .jsonl or a folder of them; repeat for several) instead of a "
+                        "store: claims and figures only")
+    p.add_argument("--docs", default=None, metavar="FILE",
+                   help="with --results: rewrite the claims table between the claims-table markers of FILE "
+                        "(e.g. platform/ulorl/docs/paper_claims.md)")
     return p
 
 
+def _from_results(args: argparse.Namespace) -> int:
+    """``--results``: claims.md / claims.json and the figures from results files alone."""
+    from ulorl.report.claims import docs_table, replace_docs_table, write_claims
+    from ulorl.report.figures import build_figures
+    from ulorl.report.results import ResultsStore
+    from ulorl.report.tables import find_hints
+
+    try:
+        source = ResultsStore.open(args.results)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"ulorl-tables: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    print(f"[ulorl-tables] {len(source.runs())} runs from {', '.join(args.results)}; writing {out}",
+          file=sys.stderr, flush=True)
+    claims = write_claims(source, out)
+    files = list(claims["files"])
+    for fig in build_figures(source, find_hints()):
+        fig.save(out / f"{fig.key}.png")
+        files.append(str(out / f"{fig.key}.png"))
+    if args.docs:
+        docs = Path(args.docs)
+        try:
+            docs.write_text(replace_docs_table(docs.read_text(), docs_table(claims["results"])))
+        except (OSError, ValueError) as exc:
+            print(f"ulorl-tables: error: --docs {docs}: {exc}", file=sys.stderr)
+            return 2
+        files.append(str(docs))
+    summary = {"out": str(out.resolve()), "files": files, "claims": claims["rows"], "results": args.results}
+    if args.json:
+        emit_json(summary)
+    else:
+        print((out / "claims.md").read_text())
+        print(f"wrote {len(files)} files: {', '.join(files)}")
+    return 0
+
+
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # one bar per per-problem CSV read
+    if args.results and args.export_results:
+        print("ulorl-tables: error: --results reads files, --export-results writes them from a store: give one",
+              file=sys.stderr)
+        return 2
+    if args.docs and not args.results:
+        print("ulorl-tables: error: --docs needs --results (the docs table comes from the results files)",
+              file=sys.stderr)
+        return 2
+    if args.results:
+        return _from_results(args)
     from ulorl.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri)
@@ -49,6 +118,26 @@ def main(argv: Optional[list[str]] = None) -> int:
     from ulorl.report.store import RunStore
     from ulorl.report.tables import build_tables, find_hints, to_markdown, write_all
 
+    if args.export_results:
+        from ulorl.report.results import export_results, sqlite_snapshot
+
+        print(f"[ulorl-tables] exporting {uri} (a read-only snapshot of a sqlite store)", file=sys.stderr, flush=True)
+        try:
+            with sqlite_snapshot(uri) as snap:
+                exported = export_results(RunStore.open(snap, experiment=args.experiment), args.export_results,
+                                          args.sweep)
+        except (MlflowException, FileNotFoundError, ValueError) as exc:
+            print(f"ulorl-tables: error: cannot export {uri}: {getattr(exc, 'message', exc)}", file=sys.stderr)
+            return 2
+        if args.json:
+            emit_json({"tracking_uri": uri, "export": exported})
+        else:
+            for e in exported.values():
+                print(f"{e['file']}: {e['runs']} run(s) ({e['added']} added, {e['updated']} updated, "
+                      f"{e['kept']} kept from earlier exports){'' if e['written'] else ', unchanged'}")
+            if not exported:
+                print(f"no FINISHED sweep runs in {uri}: nothing exported")
+        return 0
     print(f"[ulorl-tables] reading {uri}", file=sys.stderr, flush=True)
     try:
         store = RunStore.open(uri, experiment=args.experiment)
@@ -64,7 +153,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     summary["claims"] = claims["rows"]
     summary["tracking_uri"] = uri
     if args.json:
-        print(json.dumps(summary))
+        emit_json(summary)
     else:
         for t in build_tables(store, hints, equal_samples):
             print(to_markdown(t))

@@ -68,15 +68,21 @@ def main(argv: list[str] | None = None) -> int:
         print(config_to_yaml(cfg))
         print(describe_plan(cfg))
         return 0
+    from ulorl.tracking import require_store_folder, resolve_tracking_uri
+
+    try:  # before any work, --ray included: a missing or read-only store folder
+        require_store_folder(resolve_tracking_uri(args.tracking_uri, cfg.tracking.uri))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"ulorl-train: {exc}", file=sys.stderr)
+        return 2
     if args.ray:
         from ulorl.scale.placement import run_with_placement
 
         return run_with_placement(cfg, args)
-    from ulorl.tracking import require_store_folder, resolve_tracking_uri
+    from ulorl.train.checkpoint import CheckpointSpaceError
     from ulorl.train.trainer import Trainer
 
     try:
-        require_store_folder(resolve_tracking_uri(args.tracking_uri, cfg.tracking.uri))
         result = Trainer(
             cfg, run_dir=args.run_dir, resume=args.resume, tracking_uri=args.tracking_uri,
             progress=not args.no_progress, allow_config_change=args.allow_config_change,
@@ -84,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2
+    except CheckpointSpaceError as exc:
+        print(f"ulorl-train: {exc}:\n  ulorl-train {args.experiment} --resume {exc.root.parent}", file=sys.stderr)
+        return 1
     except RuntimeError as exc:
         if type(exc).__name__ == "MissingExtraError":
             print(f"ulorl-train: {exc}", file=sys.stderr)

@@ -47,14 +47,22 @@ def read_json_objects(path: str | os.PathLike[str],
     """``(1-based line, object)`` of every non-blank line of a JSONL file.
 
     Raises ``DataError`` naming the file (``missing`` when it does not exist) or ``file:line`` for a
-    line that is not valid JSON or not a JSON object.
+    line that is not UTF-8, not valid JSON or not a JSON object.
     """
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{p}: {missing}")
     rows: list[tuple[int, dict[str, Any]]] = []
-    with p.open("r", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with p.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                fixed = p.with_name(f"{p.stem}.utf8{p.suffix}")
+                raise DataError(
+                    f"{p}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
+                    f"JSONL files must be UTF-8: convert it, e.g. iconv -f latin1 -t utf-8 {p} > {fixed}"
+                ) from None
             if not line.strip():
                 continue
             try:

@@ -142,25 +142,49 @@ def summarize(
                          f"{correct.shape}, {response_lens.shape}, {truncated.shape}")
     if correct.shape[0] != len(items):
         raise ValueError(f"{len(items)} items but {correct.shape[0]} rows of results")
-    k = correct.shape[1]
-    ks = pass_ks(k)
     acc = per_problem_accuracy(correct)
-    lo, hi = bootstrap_ci(acc, n_boot=n_boot, seed=ci_seed)
     rows = []
     for p, it in enumerate(items):
         rows.append({
-            "problem_id": it.id, "answer": it.answer, "k": k, "num_correct": int(correct[p].sum()),
+            "problem_id": it.id, "answer": it.answer, "k": correct.shape[1], "num_correct": int(correct[p].sum()),
             "accuracy": float(acc[p]), "pass_at_k": float(correct[p].any()),
             "response_len_mean": float(response_lens[p].mean()), "num_truncated": int(truncated[p].sum()),
             "predictions": "|".join(predictions[p]) if predictions else "",
         })
+    return _result(bench, [it.id for it in items], rows, correct, response_lens, truncated, ci_seed, n_boot)
+
+
+def _result(bench: str, ids: list[str], rows: list[dict[str, Any]], correct: np.ndarray, response_lens: np.ndarray,
+            truncated: np.ndarray, ci_seed: int, n_boot: int) -> EvalResult:
+    """The metrics of [P, k] matrices whose per-problem ``rows`` are already made."""
+    k = correct.shape[1]
+    acc = per_problem_accuracy(correct)
+    lo, hi = bootstrap_ci(acc, n_boot=n_boot, seed=ci_seed)
     return EvalResult(
-        bench=bench, k=k, problem_ids=[it.id for it in items], correct=correct,
+        bench=bench, k=k, problem_ids=list(ids), correct=correct,
         response_lens=response_lens, truncated=truncated, avg_at_k=avg_at_k(correct),
-        pass_at=pass_at_k_table(correct, ks), ci_low=lo, ci_high=hi,
+        pass_at=pass_at_k_table(correct, pass_ks(k)), ci_low=lo, ci_high=hi,
         response_len_mean=float(response_lens.mean()), truncation_rate=float(truncated.mean()), rows=rows,
         tokens=int(response_lens.sum()),
     )
+
+
+def split_result(result: EvalResult, n_select: int, ci_seed: int = 0,
+                 n_boot: int = 2000) -> tuple[EvalResult, EvalResult]:
+    """The selection part (problems [0, n_select), benchmark ``<bench>_select``) and the confirmation
+    part (the rest, ``<bench>_confirm``) of one evaluation, each with its own metrics (pure: the
+    samples are not drawn again). Eval seconds are split in proportion to the problems."""
+    P = result.num_problems
+    if not 0 < n_select < P:
+        raise ValueError(f"eval.select_problems must be in [1, {P - 1}] for {P} evaluated problems, got {n_select}")
+    parts = []
+    for name, sl in (("select", slice(0, n_select)), ("confirm", slice(n_select, P))):
+        part = _result(f"{result.bench}_{name}", result.problem_ids[sl], [dict(r) for r in result.rows[sl]],
+                       result.correct[sl], result.response_lens[sl], result.truncated[sl], ci_seed, n_boot)
+        part.max_new_tokens, part.sampling, part.extraction = result.max_new_tokens, result.sampling, result.extraction
+        part.wall_s = result.wall_s * part.num_problems / P
+        parts.append(part)
+    return parts[0], parts[1]
 
 
 def evaluate(

@@ -1,32 +1,44 @@
-"""The paper's claims checked over seeds: an effect size, intervals and a verdict per claim.
+"""The paper's claims checked over seeds: an effect size, intervals, a minimum detectable effect and
+a verdict per claim.
 
-Every claim compares two arms of one sweep (runs of one MLflow parent, e.g. masking static vs off)
-on one metric, paired by seed: the runs of the two arms with the same (data.seed, rollout.seed,
-train.seed) form one pair, and d_s = metric(arm a, seed s) - metric(arm b, seed s).
+Every claim compares two arms of one sweep (runs with one ``ulorl.sweep`` tag, e.g. masking static
+vs off) on one metric, paired by seed: the runs of the two arms with the same (data.seed,
+rollout.seed, train.seed) form one pair, and d_s = metric(arm a, seed s) - metric(arm b, seed s).
+Runs of one sweep made by several launches (seed offsets added in chunks, ``seed_offsets``) are
+pooled when their fixed settings agree (:func:`sweep_groups`); the statistics are
+:mod:`ulorl.eval.paired`'s:
 
 - effect = mean_s d_s;
-- across seeds: the t-interval mean(d) +- t_{1-alpha/2, n-1} * sd(d) / sqrt(n) (sd with n - 1);
+- across seeds: the t-interval over the d_s, used only with >= 3 seeds and a non-zero spread;
+  otherwise the verdict rests on the problem bootstrap alone and the row says so;
 - over problems (held-out metrics only, where every run logged its per-problem CSV): the paired
-  bootstrap of :func:`ulorl.sweep.ranking.paired_bootstrap` over the held-out problems all runs share,
-  each problem's score averaged over the seeds of its arm first (problems pooled across seeds);
-- verdict (:func:`verdict`): "holds" only if every available interval excludes zero in the paper's
-  direction, "does not hold" if every one excludes it in the opposite direction, "inconclusive"
-  otherwise; fewer than 2 seeds: "not enough seeds" (no interval across seeds exists).
-  A claim of no difference (direction 0, "POIS nearly overlaps TOIS") holds only if every interval
-  lies inside +-margin (our equivalence margin, not the paper's), does not hold if every interval
-  excludes zero.
+  bootstrap over the held-out problems all runs share, each problem's score averaged over the
+  seeds of its arm first;
+- level: 95 % intervals for "a beats b" claims, 90 % for "a equals b within +-margin" (the two
+  one-sided tests at alpha 0.05); the row states it;
+- verdict (:func:`verdict`): directional claims hold when every interval excludes zero in the
+  paper's direction, do not hold when every one excludes it in the other; a no-difference claim
+  holds when every interval lies inside +-margin, does not hold when every one lies wholly outside;
+  anything else is inconclusive; fewer than 2 paired seeds (or 2 without a per-problem interval):
+  "not enough seeds";
+- minimum detectable effect: the true difference each interval would tell from zero with 80 %
+  probability, given the observed spread, seeds and problems; the row shows the larger (both
+  intervals must agree for a verdict).
+
+The headline claim (best tau x sigma vs masking off) reads only the re-run seeds of the best
+configuration (seed 0 of the search picked it) on the confirmation part of the held-out problems
+(``eval/heldout_confirm/avg_at_k``, ``eval.select_problems``), the part the search did not see.
 
 The paper's direction of every claim is written once, in :data:`CLAIMS`.
 
-    results = evaluate_claims(RunStore.open(uri))
+    results = evaluate_claims(RunStore.open(uri))          # or ResultsStore.open("experiments/results")
     Path("claims.md").write_text(claims_markdown(results))
 """
 
 from __future__ import annotations
 
 import json
-import math
-import tempfile
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,26 +46,39 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ulorl.report.store import RunInfo, RunStore
-from ulorl.report.tables import cumulative_samples, point_at_budget, sample_budget
-from ulorl.sweep.ranking import (
-    ROLE_BASELINE,
-    ROLE_RERUN,
-    ROLE_SEARCH,
-    best_index,
+from ulorl.eval.paired import (
+    FEW_SEEDS,
+    HOLDS,
+    INCONCLUSIVE,
+    LEVEL_DIRECTIONAL,
+    LEVEL_EQUIVALENCE,
+    MIN_T_SEEDS,
+    NOT_HOLD,
+    POWER,
+    mde_problems,
+    mde_seeds,
     paired_bootstrap,
-    parse_per_problem_csv,
+    pooled_problem_differences,
+    pooled_problem_interval,
+    seed_interval_usable,
+    t_cdf_two_sided,
+    t_interval,
+    t_quantile,
+    verdict,
 )
+from ulorl.report.store import RunInfo, RunSource
+from ulorl.report.tables import cumulative_samples, point_at_budget, sample_budget
+from ulorl.sweep.ranking import ROLE_BASELINE, ROLE_RERUN
 from ulorl.sweep.spec import SEED_KEYS
 from ulorl.tracking import schema
 
-ALPHA = 0.05
 HELDOUT = schema.eval_metric("heldout", "avg_at_k")
 ENTROPY = "train/entropy"
 FINAL_WINDOW = 10        # "final entropy": mean train/entropy over a run's last 10 logged steps
+CONFIRM = "heldout_confirm"   # the held-out problems a search did not select on (eval.select_problems)
 
 # Metrics a claim can compare (see :func:`run_value`).
-M_HELDOUT = "heldout_final"            # last periodic eval/heldout/avg_at_k
+M_HELDOUT = "heldout_final"            # last periodic eval/<bench>/avg_at_k
 M_HELDOUT_SAMPLES = "heldout_at_samples"  # last periodic eval within the group's equal trained-samples budget
 M_ENTROPY = "entropy_final"            # mean train/entropy over the last FINAL_WINDOW steps
 M_SIGMA_GAP = "entropy_gap_to_sigma"   # |entropy_final - algo.mpt.sigma of arm a's run of that seed|
@@ -65,8 +90,9 @@ METRIC_TEXT = {
 }
 PER_PROBLEM = (M_HELDOUT, M_HELDOUT_SAMPLES)
 
-HOLDS, NOT_HOLD, INCONCLUSIVE, FEW_SEEDS, NOT_RUN = (
-    "holds", "does not hold", "inconclusive", "not enough seeds", "not run")
+NOT_RUN = "not run"
+# What a verdict rests on (ClaimResult.basis).
+B_BOTH, B_PROBLEMS, B_SEEDS, B_NONE = "seeds + problems", "problems only", "seeds only", "—"
 
 
 # ----------------------------------------------------------------------------- the registry
@@ -78,7 +104,8 @@ class Arm:
 
     ``params``: (param, value) pairs the run's params must equal; value ``max`` / ``min`` = the
     largest / smallest numeric value of that param among the sweep's runs. ``role``: the
-    ``ulorl.trial_role`` tag (``baseline``), or ``best``: the best search trial and its re-runs."""
+    ``ulorl.trial_role`` tag (``baseline``; ``rerun``: the best search trial re-run on seed
+    offsets > 0, without the selected search trial itself)."""
 
     label: str
     params: tuple[tuple[str, str], ...] = ()
@@ -97,6 +124,12 @@ class Claim:
     sweep: str                       # the command that produces its runs
     margin: Optional[float] = None   # direction 0 only: |a - b| below this counts as equal
     with_baseline: bool = False      # True: sweeps with a baseline trial (headline); False: sweeps without
+    bench: str = "heldout"           # held-out metrics: eval/<bench>/avg_at_k and its per-problem CSVs
+
+    @property
+    def level(self) -> float:
+        """Interval level of its verdict: 90 % for a no-difference claim (TOST at alpha 0.05), else 95 %."""
+        return LEVEL_EQUIVALENCE if self.direction == 0 else LEVEL_DIRECTIONAL
 
 
 OFF = Arm("masking off", (("algo.mpt.mode", "off"),))
@@ -132,109 +165,38 @@ CLAIMS: tuple[Claim, ...] = (
           "Fig. 2: POIS beats SAIS at all output lengths", S_IS),
     Claim("fig2_sais_vs_tois", ("fig2",), M_HELDOUT, SAIS, TOIS, -1,
           "implied by Fig. 2: SAIS below POIS, which overlaps TOIS", S_IS),
-    Claim("headline", ("fig5",), M_HELDOUT, Arm("best tau x sigma", role="best"),
+    Claim("headline", ("fig5",), M_HELDOUT, Arm("best tau x sigma, re-run seeds", role=ROLE_RERUN),
           Arm("baseline (masking off)", role=ROLE_BASELINE), +1,
-          "Table 2: DMMPTs 71.5 vs w/o DMMPTs 67.9 (AVG avg@32)", S_HEAD, with_baseline=True),
+          "Table 2: DMMPTs 71.5 vs w/o DMMPTs 67.9 (AVG avg@32)", S_HEAD, with_baseline=True, bench=CONFIRM),
+    # DMMPTs beside the other entropy controls (runs tagged entropy_controls, sweeps/choice/entropy_controls.yaml):
+    # each comparator vs off on final entropy and held-out, DMMPTs vs each comparator on held-out. Arms
+    # pin both keys: the comparator arms run with algo.mpt.mode off.
+    *(Claim(f"ec_{key}_{'entropy' if metric == M_ENTROPY else 'heldout'}", ("entropy_controls",), metric,
+            Arm(label, (("algo.mpt.mode", "off"), ("algo.entropy_control.mode", key))),
+            Arm("off", (("algo.mpt.mode", "off"), ("algo.entropy_control.mode", "off"))), +1, says,
+            "ulorl-sweep sweeps/choice/entropy_controls.yaml")
+      for key, label, says_entropy, says_heldout in (
+          ("clip_cov", "Clip-Cov", "Cui et al. 2025: Clip-Cov keeps entropy well above the GRPO baseline's",
+           "Cui et al. 2025: Clip-Cov +1.8 (Qwen2.5-7B) / +4.5 (32B) avg over 7 math benchmarks vs GRPO"),
+          ("kl_cov", "KL-Cov", "Cui et al. 2025: KL-Cov keeps entropy >10x the GRPO baseline's plateau",
+           "Cui et al. 2025: KL-Cov +2.0 (Qwen2.5-7B) / +6.4 (32B) avg over 7 math benchmarks vs GRPO"),
+          ("high_entropy_minority", "80/20 (top-20 % entropy tokens)",
+           "not reported as a figure by Wang et al. 2025; expected: dropping the low-entropy tokens' updates "
+           "slows the entropy fall",
+           "Wang et al. 2025: the top-20 % entropy tokens match full updates on Qwen3-8B and beat them on "
+           "Qwen3-32B (+11.04 AIME'25)"))
+      for metric, says in ((M_ENTROPY, says_entropy), (M_HELDOUT, says_heldout))),
+    *(Claim(f"ec_dmmpt_vs_{key}_heldout", ("entropy_controls",), M_HELDOUT,
+            Arm("DMMPTs", (("algo.mpt.mode", "dynamic"), ("algo.entropy_control.mode", "off"))),
+            Arm(label, (("algo.mpt.mode", "off"), ("algo.entropy_control.mode", key))), +1,
+            f"compared by no paper; 'holds' = DMMPTs score higher than {label}",
+            "ulorl-sweep sweeps/choice/entropy_controls.yaml")
+      for key, label in (("clip_cov", "Clip-Cov"), ("kl_cov", "KL-Cov"),
+                         ("high_entropy_minority", "80/20 (top-20 % entropy tokens)"))),
 )
 
 
 # ----------------------------------------------------------------------------- pure statistics
-
-
-def t_cdf_two_sided(t: float, df: int) -> float:
-    """P(|T| < t) for Student's t with integer ``df`` >= 1 (Abramowitz & Stegun 26.7.3 / 26.7.4,
-    finite sums in cos(theta), theta = atan(t / sqrt(df)))."""
-    if df < 1:
-        raise ValueError(f"df must be >= 1, got {df}")
-    if t <= 0:
-        return 0.0
-    theta = math.atan(t / math.sqrt(df))
-    c2, s = math.cos(theta) ** 2, math.sin(theta)
-    if df % 2 == 0:
-        term, total = 1.0, 1.0
-        for k in range(2, df - 1, 2):      # (1 3 ... (k-1)) / (2 4 ... k) cos^k
-            term *= c2 * (k - 1) / k
-            total += term
-        return s * total
-    if df == 1:
-        return 2.0 * theta / math.pi
-    term = math.cos(theta)
-    total = term
-    for k in range(3, df - 1, 2):          # (2 4 ... (k-1)) / (3 5 ... k) cos^k
-        term *= c2 * (k - 1) / k
-        total += term
-    return 2.0 / math.pi * (theta + s * total)
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom, by bisection:
-    ``t_quantile(0.975, 2) = 4.303``."""
-    if not 0.5 < p < 1.0:
-        raise ValueError(f"p must be in (0.5, 1), got {p}")
-    target = 2.0 * p - 1.0
-    lo, hi = 0.0, 1.0
-    while t_cdf_two_sided(hi, df) < target:
-        hi *= 2.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if t_cdf_two_sided(mid, df) < target:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
-
-
-def t_interval(diffs: Sequence[float], alpha: float = ALPHA) -> tuple[float, float, float]:
-    """(mean, low, high) of the per-seed differences ``diffs`` (Float[n], n >= 2):
-    mean +- t_{1-alpha/2, n-1} * sd / sqrt(n), sd with n - 1 in the denominator."""
-    x = np.asarray(diffs, dtype=np.float64)
-    if x.size < 2:
-        raise ValueError(f"a t-interval needs >= 2 seeds, got {x.size}")
-    mean = float(x.mean())
-    half = t_quantile(1.0 - alpha / 2.0, int(x.size) - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
-    return mean, mean - half, mean + half
-
-
-def pooled_problem_interval(a: Sequence[dict[str, float]], b: Sequence[dict[str, float]]
-                            ) -> Optional[tuple[float, float, float, int]]:
-    """Paired bootstrap over held-out problems, pooled across seeds: ``a[s]`` / ``b[s]`` are the
-    per-problem scores (problem id -> accuracy) of the two arms' runs of seed s. Each problem's
-    score is averaged over seeds within its arm, then :func:`paired_bootstrap` resamples the problems
-    every run has. Returns (difference, low, high, problems), None without a common problem."""
-    if not a or len(a) != len(b) or not all(a) or not all(b):
-        return None
-    common = set.intersection(*(set(s) for s in list(a) + list(b)))
-    if not common:
-        return None
-    ids = sorted(common)
-    a_mean = [float(np.mean([s[i] for s in a])) for i in ids]
-    b_mean = [float(np.mean([s[i] for s in b])) for i in ids]
-    d, lo, hi = paired_bootstrap(a_mean, b_mean)
-    return d, lo, hi, len(ids)
-
-
-def verdict(direction: int, intervals: Sequence[tuple[float, float]], n_seeds: int,
-            margin: Optional[float] = None) -> str:
-    """Verdict from the available intervals (low, high) of a - b, see the module docstring."""
-    if n_seeds < 2:
-        return FEW_SEEDS
-    if not intervals:
-        return INCONCLUSIVE
-    if direction == 0:
-        if margin is not None and all(-margin < lo and hi < margin for lo, hi in intervals):
-            return HOLDS
-        if all(lo > 0 for lo, _ in intervals) or all(hi < 0 for _, hi in intervals):
-            return NOT_HOLD
-        return INCONCLUSIVE
-    if direction not in (-1, 1):
-        raise ValueError(f"direction must be -1, 0 or +1, got {direction}")
-    with_paper = [lo > 0 if direction > 0 else hi < 0 for lo, hi in intervals]
-    against = [hi < 0 if direction > 0 else lo > 0 for lo, hi in intervals]
-    if all(with_paper):
-        return HOLDS
-    if all(against):
-        return NOT_HOLD
-    return INCONCLUSIVE
 
 
 def final_mean(values: Sequence[float], window: int = FINAL_WINDOW) -> Optional[float]:
@@ -252,13 +214,57 @@ def seed_key(run: RunInfo) -> tuple[str, ...]:
     return tuple(run.param(k, "0") for k in SEED_KEYS)
 
 
+# Params that differ between runs of one launch without making them another configuration.
+_NOT_CONFIG = SEED_KEYS + ("train.threads", "tracking.run_name", "train.output_dir")
+
+
+def _config(run: RunInfo) -> dict[str, str]:
+    return {k: v for k, v in run.params.items() if k not in _NOT_CONFIG}
+
+
+def launch_settings(launches: dict[str, list[RunInfo]]) -> dict[str, dict[str, str]]:
+    """Per launch (MLflow parent run id -> its runs): the params every run of it shares, without
+    the keys that vary within any launch of the sweep (its arms) and the seeds."""
+    varied = {k for runs in launches.values() for k in {k for r in runs for k in r.params}
+              if len({r.param(k, "\0") for r in runs}) > 1}
+    out = {}
+    for parent, runs in launches.items():
+        shared = {k: v for k, v in _config(runs[0]).items() if k not in varied
+                  and all(r.param(k, "\0") == v for r in runs)}
+        out[parent] = shared
+    return out
+
+
 def sweep_groups(runs: Sequence[RunInfo]) -> dict[tuple[str, str], list[RunInfo]]:
-    """Runs by (sweep name, MLflow parent run): the arms of a claim come from one sweep
-    (runs outside any sweep form the group ("", ""))."""
-    out: dict[tuple[str, str], list[RunInfo]] = {}
+    """Runs by (sweep name, label): the launches (MLflow parents) of one sweep name are pooled when
+    their shared settings (:func:`launch_settings`) agree on every key both have, so seeds added by
+    a later launch pair with the earlier ones; launches that differ (e.g. another learning rate
+    after an edit of the spec) form groups of their own. The label names the parents (first 8
+    characters, ``+``-joined). Runs outside any sweep form the group ("", "")."""
+    by_sweep: dict[str, list[RunInfo]] = {}
     for r in runs:
-        sweep = r.tags.get(schema.SWEEP_TAG, "")
-        out.setdefault((sweep, r.parent_id if sweep else ""), []).append(r)
+        by_sweep.setdefault(r.tags.get(schema.SWEEP_TAG, ""), []).append(r)
+    out: dict[tuple[str, str], list[RunInfo]] = {}
+    for sweep, rs in by_sweep.items():
+        if not sweep:
+            out[("", "")] = rs
+            continue
+        launches: dict[str, list[RunInfo]] = {}
+        for r in rs:
+            launches.setdefault(r.parent_id, []).append(r)
+        settings = launch_settings(launches)
+        clusters: list[tuple[dict[str, str], list[str]]] = []
+        for parent in sorted(launches, key=lambda p: min((r.start_time, r.run_id) for r in launches[p])):
+            mine = settings[parent]
+            for shared, parents in clusters:
+                if all(shared[k] == v for k, v in mine.items() if k in shared):
+                    shared.update(mine)
+                    parents.append(parent)
+                    break
+            else:
+                clusters.append((dict(mine), [parent]))
+        for _, parents in clusters:
+            out[(sweep, "+".join(p[:8] for p in parents if p))] = [r for p in parents for r in launches[p]]
     return out
 
 
@@ -269,30 +275,8 @@ def _num(v: str) -> Optional[float]:
         return None
 
 
-_NOT_CONFIG = SEED_KEYS + ("train.threads", "tracking.run_name")
-
-
-def _config(run: RunInfo) -> dict[str, str]:
-    return {k: v for k, v in run.params.items() if k not in _NOT_CONFIG}
-
-
-def best_runs(group: Sequence[RunInfo], objective: str = HELDOUT) -> list[RunInfo]:
-    """The best search trial and its re-runs on other seeds: the search run with the config of the
-    re-runs when there are any, else the best ``objective`` (ties: smaller run name, as the sweep)."""
-    search = [r for r in group if r.tags.get(schema.ROLE_TAG, ROLE_SEARCH) == ROLE_SEARCH]
-    reruns = [r for r in group if r.tags.get(schema.ROLE_TAG) == ROLE_RERUN]
-    if reruns:
-        same = [r for r in search if _config(r) == _config(reruns[0])]
-        if same:
-            return same[-1:] + reruns
-    i = best_index([r.metrics.get(objective) for r in search], [r.name for r in search])
-    return [search[i]] + reruns if i is not None else []
-
-
 def arm_runs(arm: Arm, group: Sequence[RunInfo]) -> list[RunInfo]:
     """Runs of ``group`` that belong to ``arm`` (see :class:`Arm`)."""
-    if arm.role == "best":
-        return best_runs(group)
     runs = [r for r in group if not arm.role or r.tags.get(schema.ROLE_TAG) == arm.role]
     for param, value in arm.params:
         if value in ("max", "min"):
@@ -304,6 +288,19 @@ def arm_runs(arm: Arm, group: Sequence[RunInfo]) -> list[RunInfo]:
         else:
             runs = [r for r in runs if r.param(param) == value]
     return runs
+
+
+def one_config(runs: Sequence[RunInfo]) -> tuple[list[RunInfo], list[str]]:
+    """The runs of the most common configuration (ties: the latest started) and a note when
+    others were left out (re-runs of two launches that picked different best trials)."""
+    configs: dict[str, list[RunInfo]] = {}
+    for r in runs:
+        configs.setdefault(json.dumps(_config(r), sort_keys=True), []).append(r)
+    if len(configs) <= 1:
+        return list(runs), []
+    keep = max(configs.values(), key=lambda rs: (len(rs), max(r.start_time for r in rs)))
+    left = [r.run_id[:8] for rs in configs.values() if rs is not keep for r in rs]
+    return keep, [f"{len(configs)} configurations among the re-runs; kept the most common, left out {', '.join(left)}"]
 
 
 def by_seed(runs: Sequence[RunInfo]) -> tuple[dict[tuple[str, ...], RunInfo], list[str]]:
@@ -320,24 +317,6 @@ def by_seed(runs: Sequence[RunInfo]) -> tuple[dict[tuple[str, ...], RunInfo], li
 # ----------------------------------------------------------------------------- reading metrics
 
 
-def per_problem_scores(store: RunStore, run_id: str, step: Optional[int] = None,
-                       bench: str = "heldout") -> dict[str, float]:
-    """Per-problem accuracies of the run's periodic eval at ``step`` (None: the last one); {} when absent."""
-    try:
-        files = [f.path for f in store.client.list_artifacts(run_id, "eval")]
-    except Exception:  # noqa: BLE001 -- a run without artifacts has no per-problem scores
-        return {}
-    prefix = f"eval/{bench}_per_problem_step_"
-    found = sorted(p for p in files if p.startswith(prefix) and p.endswith(".csv"))
-    if step is not None:
-        found = [p for p in found if p == f"{prefix}{step:06d}.csv"]
-    if not found:
-        return {}
-    with tempfile.TemporaryDirectory(prefix="ulorl-claims-") as tmp:
-        local = store.client.download_artifacts(run_id, found[-1], tmp)
-        return parse_per_problem_csv(Path(local).read_text())
-
-
 @dataclass
 class Value:
     """One run's value of a claim metric, the step it was read at and its per-problem scores."""
@@ -348,12 +327,12 @@ class Value:
     note: str = ""
 
 
-def run_value(store: RunStore, run: RunInfo, metric: str, budget: Optional[float] = None,
-              sigma: Optional[float] = None) -> Value:
+def run_value(source: RunSource, run: RunInfo, metric: str, budget: Optional[float] = None,
+              sigma: Optional[float] = None, bench: str = "heldout") -> Value:
     """``metric`` of one run (``budget``: trained samples for M_HELDOUT_SAMPLES; ``sigma``: the
-    target entropy for M_SIGMA_GAP)."""
+    target entropy for M_SIGMA_GAP; ``bench``: which held-out part the held-out metrics read)."""
     if metric in (M_ENTROPY, M_SIGMA_GAP):
-        steps, values = store.history(run.run_id, ENTROPY)
+        steps, values = source.history(run.run_id, ENTROPY)
         h = final_mean(values)
         if h is None:
             return Value(None, note=f"{run.run_id}: no {ENTROPY}")
@@ -362,20 +341,28 @@ def run_value(store: RunStore, run: RunInfo, metric: str, budget: Optional[float
                 return Value(None, note=f"{run.run_id}: no algo.mpt.sigma to compare with")
             h = abs(h - sigma)
         return Value(h, steps[-1])
-    steps, values = store.history(run.run_id, HELDOUT)
+    key = schema.eval_metric(bench, "avg_at_k")
+    steps, values = source.history(run.run_id, key)
     if not values:
-        return Value(None, note=f"{run.run_id}: no {HELDOUT}")
+        return Value(None, note=f"{run.run_id}: no {key}")
     if metric == M_HELDOUT:
-        return Value(values[-1], steps[-1], per_problem_scores(store, run.run_id, steps[-1]))
+        return Value(values[-1], steps[-1], _scores_at(source, run, steps[-1], bench))
     if metric != M_HELDOUT_SAMPLES:
         raise ValueError(f"unknown claim metric {metric!r}; known: {sorted(METRIC_TEXT)}")
     if budget is None:
         return Value(None, note="no equal-samples budget (no run logs train/samples and periodic evals)")
-    cum = cumulative_samples(*store.history(run.run_id, "train/samples"))
+    cum = cumulative_samples(*source.history(run.run_id, "train/samples"))
     hit = point_at_budget(steps, values, cum, budget)
     if hit is None:
         return Value(None, note=f"{run.run_id}: first eval after the budget of {budget:.0f} trained samples")
-    return Value(hit[1], hit[0], per_problem_scores(store, run.run_id, hit[0]))
+    return Value(hit[1], hit[0], _scores_at(source, run, hit[0], bench))
+
+
+def _scores_at(source: RunSource, run: RunInfo, step: int, bench: str) -> dict[str, float]:
+    """Per-problem scores behind the held-out value logged at ``step``: the trainer logs the last
+    eval's metrics at every step, so they come from its latest eval at or before ``step``."""
+    done = [s for s in source.per_problem_steps(run.run_id, bench) if s <= step]
+    return source.per_problem(run.run_id, done[-1], bench) if done else {}
 
 
 # ----------------------------------------------------------------------------- evaluating claims
@@ -389,43 +376,77 @@ class ClaimResult:
     arms: str                                  # "a vs b"
     direction: int
     sweep: str                                 # the sweep group ("" when none)
+    level: float = LEVEL_DIRECTIONAL           # of every interval below
+    margin: Optional[float] = None
+    bench: str = ""                            # held-out part read (held-out metrics)
     seeds: int = 0
     effect: Optional[float] = None             # mean over seeds of a - b
-    t_low: Optional[float] = None
+    t_low: Optional[float] = None              # only when the t-interval is usable (>= 3 seeds, spread > 0)
     t_high: Optional[float] = None
     problem_effect: Optional[float] = None     # pooled paired bootstrap over problems
     problem_low: Optional[float] = None
     problem_high: Optional[float] = None
     problems: int = 0
+    mde_seeds: Optional[float] = None          # minimum detectable effect of the t-interval
+    mde_problems: Optional[float] = None       # ... of the bootstrap over problems
+    basis: str = B_NONE                        # what the verdict rests on
     verdict: str = NOT_RUN
     per_seed: list[dict[str, Any]] = field(default_factory=list)
     run_ids: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    @property
+    def mde(self) -> Optional[float]:
+        """The larger of the two minimum detectable effects (a verdict needs every interval)."""
+        vals = [v for v in (self.mde_seeds, self.mde_problems) if v is not None]
+        return max(vals) if vals else None
 
-def evaluate_group(store: RunStore, claim: Claim, group: Sequence[RunInfo], sweep: str) -> Optional[ClaimResult]:
-    """The claim on one sweep's runs; None when the sweep lacks one of its arms."""
+
+def _empty(claim: Claim, sweep: str, notes: Optional[list[str]] = None) -> ClaimResult:
+    return ClaimResult(claim.name, claim.paper_says, METRIC_TEXT[claim.metric], f"{claim.a.label} vs {claim.b.label}",
+                       claim.direction, sweep, level=claim.level, margin=claim.margin, notes=list(notes or []))
+
+
+def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sweep: str) -> Optional[ClaimResult]:
+    """The claim on one sweep's runs; None when the sweep has neither arm (or one run in both); a
+    ``not run`` row naming the missing arm when it has only one of them."""
     a_runs, b_runs = arm_runs(claim.a, group), arm_runs(claim.b, group)
-    if not a_runs or not b_runs or set(r.run_id for r in a_runs) & set(r.run_id for r in b_runs):
+    if (not a_runs and not b_runs) or set(r.run_id for r in a_runs) & set(r.run_id for r in b_runs):
         return None
+    if not a_runs or not b_runs:
+        absent = claim.a if not a_runs else claim.b
+        return _empty(claim, sweep, [f"no FINISHED run of '{absent.label}' in this sweep yet"])
+    res = _empty(claim, sweep)
+    if claim.a.role == ROLE_RERUN:
+        a_runs, note = one_config(a_runs)
+        res.notes += note + ["re-run seeds only: seed 0 of the best configuration is the search trial that "
+                             "picked it, left out"]
     a, notes_a = by_seed(a_runs)
     b, notes_b = by_seed(b_runs)
-    res = ClaimResult(claim.name, claim.paper_says, METRIC_TEXT[claim.metric], f"{claim.a.label} vs {claim.b.label}",
-                      claim.direction, sweep, notes=notes_a + notes_b)
+    res.notes += notes_a + notes_b
+    alpha = 1.0 - claim.level
+    bench = claim.bench
+    if claim.metric in PER_PROBLEM:
+        if bench != "heldout" and not any(schema.eval_metric(bench, "avg_at_k") in r.metrics
+                                          for r in list(a.values()) + list(b.values())):
+            res.notes.append(f"no {bench} part in these runs (no eval.select_problems split): scored on all "
+                             "held-out problems, the ones the search selected on")
+            bench = "heldout"
+        res.bench = bench
     seeds = sorted(set(a) & set(b))
     unpaired = sorted(set(a) ^ set(b))
     if unpaired:
         res.notes.append(f"{len(unpaired)} seed(s) with one arm only, left out: "
                          + ", ".join("/".join(s) for s in unpaired))
-    budget = sample_budget(store, [a[s] for s in seeds] + [b[s] for s in seeds]) \
+    budget = sample_budget(source, [a[s] for s in seeds] + [b[s] for s in seeds]) \
         if claim.metric == M_HELDOUT_SAMPLES else None
     if budget is not None:
         res.notes.append(f"equal trained-samples budget {budget:.0f} (the fewest any run had at its last eval)")
     diffs, a_scores, b_scores, missing = [], [], [], []
     for s in seeds:
         sigma = a[s].float_param("algo.mpt.sigma")
-        va = run_value(store, a[s], claim.metric, budget, sigma)
-        vb = run_value(store, b[s], claim.metric, budget, sigma)
+        va = run_value(source, a[s], claim.metric, budget, sigma, bench)
+        vb = run_value(source, b[s], claim.metric, budget, sigma, bench)
         if va.value is None or vb.value is None:
             missing += [v.note for v in (va, vb) if v.note]
             continue
@@ -440,44 +461,55 @@ def evaluate_group(store: RunStore, claim: Claim, group: Sequence[RunInfo], swee
     if diffs:
         res.effect = float(np.mean(diffs))
     intervals = []
+    used_seeds = used_problems = False
     if len(diffs) >= 2:
-        _, res.t_low, res.t_high = t_interval(diffs)
-        intervals.append((res.t_low, res.t_high))
+        usable, why = seed_interval_usable(diffs)
+        if usable:
+            _, res.t_low, res.t_high = t_interval(diffs, alpha)
+            res.mde_seeds = mde_seeds(diffs, claim.level)
+            intervals.append((res.t_low, res.t_high))
+            used_seeds = True
         if claim.metric in PER_PROBLEM:
-            pooled = pooled_problem_interval(a_scores, b_scores)
-            if pooled is None:
-                res.notes.append("no per-problem held-out scores shared by every run: interval across seeds only")
+            x = pooled_problem_differences(a_scores, b_scores)
+            if x is None:
+                res.notes.append("no per-problem held-out scores shared by every run: no interval over problems")
             else:
-                res.problem_effect, res.problem_low, res.problem_high, res.problems = pooled
+                res.problem_effect, res.problem_low, res.problem_high = paired_bootstrap(x, [0.0] * len(x),
+                                                                                         alpha=alpha)
+                res.problems = len(x)
+                res.mde_problems = mde_problems(x, claim.level)
                 intervals.append((res.problem_low, res.problem_high))
+                used_problems = True
+        if not usable:
+            res.notes.append(f"no t-interval across seeds: {why}; "
+                             + ("the verdict rests on the problem bootstrap alone" if used_problems
+                                else "no interval to judge by"))
+    res.basis = {(True, True): B_BOTH, (False, True): B_PROBLEMS, (True, False): B_SEEDS}.get(
+        (used_seeds, used_problems), B_NONE)
     res.verdict = verdict(claim.direction, intervals, len(diffs), claim.margin)
     if missing:
         res.notes.append(f"{len(missing)} run(s) without the metric, their seeds left out: " + "; ".join(missing))
-    if claim.with_baseline and res.seeds:
-        res.notes.append("seed 0 of the best arm was selected on the held-out problems it is scored on")
     return res
 
 
-def evaluate_claims(store: RunStore, claims: Sequence[Claim] = CLAIMS,
+def evaluate_claims(source: RunSource, claims: Sequence[Claim] = CLAIMS,
                     finished_only: bool = True) -> list[ClaimResult]:
-    """One result per (claim, sweep with both arms); a claim without such a sweep: one ``not run`` row."""
+    """One result per (claim, sweep group with both arms); a claim without such a group: one ``not run`` row."""
     out: list[ClaimResult] = []
     for claim in claims:
-        runs = [r for r in store.runs() if r.paper_ref in claim.paper_refs and r.kind in ("train", "")]
+        runs = [r for r in source.runs() if r.paper_ref in claim.paper_refs and r.kind in ("train", "")]
         skipped = [r for r in runs if finished_only and r.status != "FINISHED"]
         runs = [r for r in runs if r not in skipped]
         found = []
-        for (sweep, parent), group in sorted(sweep_groups(runs).items()):
+        for (sweep, parents), group in sorted(sweep_groups(runs).items()):
             has_baseline = any(r.tags.get(schema.ROLE_TAG) == ROLE_BASELINE for r in group)
             if has_baseline != claim.with_baseline:
                 continue
-            res = evaluate_group(store, claim, group, sweep + (f" ({parent[:8]})" if parent else ""))
+            res = evaluate_group(source, claim, group, sweep + (f" ({parents})" if parents else ""))
             if res is not None:
                 found.append(res)
         if not found:
-            found.append(ClaimResult(claim.name, claim.paper_says, METRIC_TEXT[claim.metric],
-                                     f"{claim.a.label} vs {claim.b.label}", claim.direction, "",
-                                     notes=[f"produce the runs with: {claim.sweep}"]))
+            found.append(_empty(claim, "", [f"produce the runs with: {claim.sweep}"]))
         if skipped:
             for res in found:
                 res.notes.append(f"{len(skipped)} unfinished run(s) tagged {'/'.join(claim.paper_refs)} left out")
@@ -488,22 +520,53 @@ def evaluate_claims(store: RunStore, claims: Sequence[Claim] = CLAIMS,
 # ----------------------------------------------------------------------------- writers
 
 
-def _f(x: Optional[float]) -> str:
-    return "—" if x is None else f"{x:+.4f}"
+def _f(x: Optional[float], digits: int = 4) -> str:
+    return "—" if x is None else f"{x:+.{digits}f}"
+
+
+def _pct(level: float) -> str:
+    return f"{100 * level:.0f}"
 
 
 def interval_text(r: ClaimResult) -> str:
-    """``seeds [lo, hi]; problems [lo, hi] (P)`` (each part only when it exists)."""
+    """``seeds t95 [lo, hi]; problems boot95 [lo, hi] (P)`` (each part only when it exists)."""
     parts = []
     if r.t_low is not None:
-        parts.append(f"seeds t95 [{_f(r.t_low)}, {_f(r.t_high)}]")
+        parts.append(f"seeds t{_pct(r.level)} [{_f(r.t_low)}, {_f(r.t_high)}]")
     if r.problem_low is not None:
-        parts.append(f"problems boot95 [{_f(r.problem_low)}, {_f(r.problem_high)}] ({r.problems})")
+        parts.append(f"problems boot{_pct(r.level)} [{_f(r.problem_low)}, {_f(r.problem_high)}] ({r.problems})")
     return "; ".join(parts) or "—"
 
 
+def mde_text(r: ClaimResult, digits: int = 4) -> str:
+    """``0.0512 (seeds 0.0512, problems 0.0301)``; ``—`` without an interval."""
+    if r.mde is None:
+        return "—"
+    parts = [f"{name} {v:.{digits}f}" for name, v in (("seeds", r.mde_seeds), ("problems", r.mde_problems))
+             if v is not None]
+    return f"{r.mde:.{digits}f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else f" ({parts[0].split()[0]})")
+
+
 CLAIMS_COLUMNS = ("Claim", "Paper says", "Arms (a vs b)", "Metric", "Sweep", "Seeds", "Effect (a - b)", "Interval",
-                  "Verdict", "Run ids")
+                  "Level", "Verdict rests on", "MDE", "Verdict", "Run ids")
+
+RULES = [
+    "- Effect: mean over seeds of the per-seed difference a - b (runs paired by data.seed, rollout.seed, "
+    "train.seed, within one sweep; launches of one sweep pooled when their fixed settings agree). seeds tNN: "
+    f"t-interval over the per-seed differences, used only with >= {MIN_T_SEEDS} seeds and a non-zero spread; "
+    "problems bootNN: paired bootstrap over the held-out problems every run shares, each problem averaged over "
+    "seeds first. Level: 95 % for 'a beats b' claims, 90 % for 'a equals b within +-margin' (two one-sided "
+    "tests at alpha 0.05).",
+    "- Verdict: a directional claim 'holds' only if every interval excludes zero in the paper's direction, 'does "
+    "not hold' if every one excludes it in the opposite direction; a no-difference claim holds if every interval "
+    "lies inside +-margin (ours), does not hold if every one lies wholly outside it; else 'inconclusive'. Fewer "
+    "than 2 paired seeds, or 2 without an interval over problems: 'not enough seeds'. Only FINISHED runs count.",
+    f"- MDE (minimum detectable effect): the true difference an interval of the row's level would tell from zero "
+    f"with {100 * POWER:.0f} % probability given the observed spread: (t_(1+level)/2,n-1 + t_{POWER:.2f},n-1) x "
+    "sd / sqrt(n) over seeds, (z_(1+level)/2 + z_0.80) x sd / sqrt(P) over problems; the larger one is shown "
+    "first (both intervals must agree). An inconclusive row leaves effects of about this size undecided.",
+    "- Run ids: first 8 characters (claims.json has them in full, per seed).",
+]
 
 
 def claims_markdown(results: Sequence[ClaimResult]) -> str:
@@ -516,39 +579,79 @@ def claims_markdown(results: Sequence[ClaimResult]) -> str:
     for r in results:
         per_seed = ", ".join(_f(p["diff"]) for p in r.per_seed)
         effect = _f(r.effect) + (f" (per seed {per_seed})" if len(r.per_seed) > 1 else "")
-        cells = [r.claim, r.paper_says, r.arms, r.metric, r.sweep or "—", str(r.seeds), effect,
-                 interval_text(r), f"**{r.verdict}**", " ".join(rid[:8] for rid in r.run_ids) or "—"]
+        metric = r.metric + (f" ({r.bench})" if r.bench and r.bench != "heldout" else "")
+        level = f"{_pct(r.level)} %" + (f", margin +-{r.margin:g}" if r.margin is not None else "")
+        cells = [r.claim, r.paper_says, r.arms, metric, r.sweep or "—", str(r.seeds), effect, interval_text(r),
+                 level, r.basis, mde_text(r), f"**{r.verdict}**", " ".join(rid[:8] for rid in r.run_ids) or "—"]
         lines.append("| " + " | ".join(esc(c) for c in cells) + " |")
-    lines += ["", "- Effect: mean over seeds of the per-seed difference a - b (runs paired by data.seed, "
-              "rollout.seed, train.seed, within one sweep). seeds t95: t-interval over the per-seed differences; "
-              "problems boot95: paired bootstrap over the held-out problems every run shares, each problem "
-              "averaged over seeds first.",
-              "- Verdict: 'holds' only if every interval excludes zero in the paper's direction, 'does not "
-              "hold' if every one excludes it in the opposite direction, else 'inconclusive'; fewer than 2 "
-              "seeds: 'not enough seeds'. No-difference claims hold only inside +-margin (ours). Only FINISHED "
-              "runs count. Run ids: first 8 characters (claims.json has them in full, per seed)."]
+    lines += [""] + RULES
     for r in results:
         lines += [f"- {r.claim} ({r.sweep or 'no sweep'}): {n}" for n in r.notes]
     return "\n".join(lines) + "\n"
 
 
+DOCS_COLUMNS = ("claim", "sweep", "seeds", "effect a - b (per seed)", "t-interval across seeds",
+                "paired bootstrap over problems", "MDE", "verdict")
+DOCS_BEGIN, DOCS_END = "<!-- claims-table:begin -->", "<!-- claims-table:end -->"
+
+
+def _sweep_command(r: ClaimResult, claims: Sequence[Claim]) -> str:
+    name = r.sweep.split(" ")[0]
+    if name.startswith("choice_"):
+        return f"`ulorl-sweep sweeps/choice/{name[len('choice_'):]}.yaml`"
+    cmd = next((c.sweep for c in claims if c.name == r.claim), "")
+    return f"`{cmd}`" if cmd else "—"
+
+
+def docs_table(results: Sequence[ClaimResult], claims: Sequence[Claim] = CLAIMS) -> str:
+    """The claims table of ``platform/ulorl/docs/paper_claims.md`` (between :data:`DOCS_BEGIN` and
+    :data:`DOCS_END`): three decimals, the level beside each interval and verdict."""
+    def esc(s: str) -> str:
+        return s.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(DOCS_COLUMNS) + " |", "|" + "|".join("---" for _ in DOCS_COLUMNS) + "|"]
+    for r in results:
+        digits = 3 if r.bench else 4     # held-out accuracy vs entropy (nats / token)
+        per_seed = ", ".join(_f(p["diff"], digits) for p in r.per_seed)
+        effect = _f(r.effect, digits) + (f" ({per_seed})" if len(r.per_seed) > 1 else "")
+        t = f"[{_f(r.t_low, digits)}, {_f(r.t_high, digits)}] ({_pct(r.level)} %)" if r.t_low is not None else "—"
+        pb = (f"[{_f(r.problem_low, digits)}, {_f(r.problem_high, digits)}] ({_pct(r.level)} %, {r.problems} "
+              "problems)") if r.problem_low is not None else "—"
+        mde = "—" if r.mde is None else f"{r.mde:.{digits}f}"
+        margin = f", margin +-{r.margin:g}" if r.margin is not None else ""
+        v = f"**{r.verdict}**" + (f" ({r.basis}{margin})" if r.basis != B_NONE else "")
+        claim = f"{r.claim}: {r.arms}" + (f", {r.bench}" if r.bench and r.bench != "heldout" else "")
+        lines.append("| " + " | ".join(esc(c) for c in (claim, _sweep_command(r, claims), str(r.seeds), effect, t,
+                                                         pb, mde, v)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_docs_table(text: str, table: str) -> str:
+    """``text`` with the block between :data:`DOCS_BEGIN` and :data:`DOCS_END` replaced by ``table``."""
+    m = re.search(re.escape(DOCS_BEGIN) + r"\n.*?" + re.escape(DOCS_END), text, flags=re.S)
+    if m is None:
+        raise ValueError(f"no {DOCS_BEGIN} ... {DOCS_END} block to replace")
+    return text[: m.start()] + DOCS_BEGIN + "\n" + table + DOCS_END + text[m.end():]
+
+
 def claims_json(results: Sequence[ClaimResult]) -> str:
-    return json.dumps([asdict(r) for r in results], indent=1)
+    return json.dumps([{**asdict(r), "mde": r.mde} for r in results], indent=1)
 
 
-def write_claims(store: RunStore, out_dir: str | Path) -> dict[str, Any]:
+def write_claims(source: RunSource, out_dir: str | Path) -> dict[str, Any]:
     """Write ``claims.md`` and ``claims.json`` into ``out_dir``; returns ``{"files": [...], "rows":
-    [{claim, sweep, seeds, effect, verdict}, ...]}`` for the ``ulorl-tables --json`` summary."""
+    [{claim, sweep, seeds, effect, verdict, level, mde}, ...], "results": [ClaimResult, ...]}``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = evaluate_claims(store)
+    results = evaluate_claims(source)
     md, js = out / "claims.md", out / "claims.json"
     md.write_text(claims_markdown(results))
     js.write_text(claims_json(results))
-    rows = [{"claim": r.claim, "sweep": r.sweep, "seeds": r.seeds, "effect": r.effect, "verdict": r.verdict}
-            for r in results]
-    return {"files": [str(md), str(js)], "rows": rows}
+    rows = [{"claim": r.claim, "sweep": r.sweep, "seeds": r.seeds, "effect": r.effect, "verdict": r.verdict,
+             "level": r.level, "mde": r.mde, "basis": r.basis} for r in results]
+    return {"files": [str(md), str(js)], "rows": rows, "results": results}
 
 
-__all__ = ["CLAIMS", "Arm", "Claim", "ClaimResult", "claims_json", "claims_markdown", "evaluate_claims",
-           "pooled_problem_interval", "t_interval", "t_quantile", "verdict", "write_claims"]
+__all__ = ["CLAIMS", "Arm", "Claim", "ClaimResult", "claims_json", "claims_markdown", "docs_table", "evaluate_claims",
+           "pooled_problem_interval", "replace_docs_table", "t_cdf_two_sided", "t_interval", "t_quantile",
+           "verdict", "write_claims", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "NOT_HOLD", "NOT_RUN"]

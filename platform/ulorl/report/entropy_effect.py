@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import operator
 import sys
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ulorl.algo import group_advantages, mpt_mask
+from ulorl.jsonout import emit_json, json_command
 from ulorl.train.batch import TrainBatch
 from ulorl.train.forward import token_stats
 
@@ -156,6 +156,7 @@ def _batches(cfg, model, tokenizer, n_batches: int, progress: bool):
         scorer.close()
 
 
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m ulorl.report.entropy_effect",
@@ -196,7 +197,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "per_batch": [asdict(r) for r in results],
     }
     if args.json:
-        print(json.dumps(summary))
+        emit_json(summary)
         return 0
     print(f"temperature {T}, tau {tau}, {len(results)} batches, mean token entropy {summary['entropy_mean']:.4f} nats")
     print(f"{'class':<16}{'token share':>12}{'|g_c|':>12}{'dH_c (SGD, per unit lr)':>26}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ulorl.report.store import RunInfo, RunStore
+from ulorl.report.store import RunInfo, RunSource
 
 ENTROPY = "train/entropy"
 ACCURACY = "rollout/reward_mean"
@@ -286,7 +286,7 @@ def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str], seeds
     return out
 
 
-def _build(store: RunStore, key: str, title: str, metrics: list[tuple[str, str]], primary: str,
+def _build(store: RunSource, key: str, title: str, metrics: list[tuple[str, str]], primary: str,
            panel_param: Optional[str], panel_fmt: str, hint: str, sigma: bool = False) -> PaperFigure:
     runs = [r for r in store.runs(paper_ref=key) if r.kind in ("train", "")]
     panel_of = {r.run_id: (panel_fmt.format(_panel_value(r.param(panel_param, "?"))) if panel_param else "")
@@ -307,7 +307,7 @@ def _build(store: RunStore, key: str, title: str, metrics: list[tuple[str, str]]
     return fig
 
 
-def build_figures(store: RunStore, hints: dict[str, str]) -> list[PaperFigure]:
+def build_figures(store: RunSource, hints: dict[str, str]) -> list[PaperFigure]:
     ent = (ENTROPY, "entropy (mean per token)")
     acc = (ACCURACY, "accuracy (rollout reward mean)")
     return [

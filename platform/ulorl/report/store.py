@@ -1,19 +1,28 @@
-"""Read-only view of an MLflow store for reports: every active run with tags, params, latest
-metrics, and metric histories on demand (cached).
+"""Read-only views of tracked runs for reports: every run with tags, params, latest metrics,
+metric histories and the per-problem scores of its periodic held-out evals.
+
+:class:`RunSource` is the one interface the reports read through; :class:`RunStore` reads an
+MLflow store (histories and per-problem CSVs on demand, cached), ``ulorl.report.results.ResultsStore``
+the committed results files that an export of such a store leaves.
 
     store = RunStore.open("sqlite:////abs/mlflow.db")
     for run in store.runs(kind="train", paper_ref="table1"): ...
     steps, values = store.history(run.run_id, "time/step_s")
+    scores = store.per_problem(run.run_id, step=150)          # {problem_id: accuracy}
 """
 
 from __future__ import annotations
 
+import re
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from mlflow.entities import Experiment, ViewType
 from mlflow.tracking import MlflowClient
 
+from ulorl.eval.paired import parse_per_problem_csv
 from ulorl.tracking import schema
 
 
@@ -58,14 +67,64 @@ class RunInfo:
             return None
 
 
-class RunStore:
+def per_problem_path(bench: str, step: int) -> str:
+    """Artifact path of a periodic eval's per-problem CSV: ``eval/<bench>_per_problem_step_<NNNNNN>.csv``."""
+    return f"eval/{bench}_per_problem_step_{step:06d}.csv"
+
+
+_PER_PROBLEM_RE = re.compile(r"eval/(.+)_per_problem_step_(\d+)\.csv")
+
+
+class RunSource:
+    """What the reports read: runs (oldest first), metric histories and per-problem scores.
+    Subclasses fill ``_runs`` and implement :meth:`history`, :meth:`per_problem_steps` and
+    :meth:`per_problem`."""
+
+    def __init__(self, runs: list[RunInfo]) -> None:
+        self._runs = sorted(runs, key=lambda r: (r.start_time, r.run_id))
+        self._by_id = {r.run_id: r for r in self._runs}
+
+    def runs(self, kind: Optional[str] = None, paper_ref: Optional[str] = None) -> list[RunInfo]:
+        """Runs (oldest first) filtered by ``ulorl.kind`` and ``ulorl.paper_ref`` tags."""
+        out = self._runs
+        if kind is not None:
+            out = [r for r in out if r.kind == kind]
+        if paper_ref is not None:
+            out = [r for r in out if r.paper_ref == paper_ref]
+        return list(out)
+
+    def get(self, run_id: str) -> Optional[RunInfo]:
+        return self._by_id.get(run_id)
+
+    def children(self, run_id: str, kind: Optional[str] = None) -> list[RunInfo]:
+        return [r for r in self.runs(kind=kind) if r.parent_id == run_id]
+
+    def history(self, run_id: str, key: str) -> tuple[list[int], list[float]]:
+        """(steps, values) of one metric, sorted by step; ([], []) when the run has none."""
+        raise NotImplementedError
+
+    def per_problem_benches(self, run_id: str) -> list[str]:
+        """Benchmarks (``heldout``, ``heldout_select``, ...) of the run's periodic per-problem scores."""
+        raise NotImplementedError
+
+    def per_problem_steps(self, run_id: str, bench: str = "heldout") -> list[int]:
+        """Steps of the run's periodic ``bench`` evals that left per-problem scores, ascending."""
+        raise NotImplementedError
+
+    def per_problem(self, run_id: str, step: Optional[int] = None, bench: str = "heldout") -> dict[str, float]:
+        """``problem_id -> accuracy`` of the run's periodic ``bench`` eval at ``step`` (None: the
+        last one); {} when there is none."""
+        raise NotImplementedError
+
+
+class RunStore(RunSource):
     """All active runs of all active experiments of one tracking URI, loaded once."""
 
     def __init__(self, client: MlflowClient, runs: list[RunInfo]) -> None:
+        super().__init__(runs)
         self.client = client
-        self._runs = runs
-        self._by_id = {r.run_id: r for r in runs}
         self._hist: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+        self._files: dict[str, list[str]] = {}
 
     @classmethod
     def open(cls, uri: str, experiment: Optional[str] = None) -> RunStore:
@@ -97,23 +156,7 @@ class RunStore:
                 token = page.token
                 if not token:
                     break
-        runs.sort(key=lambda r: (r.start_time, r.run_id))
         return cls(client, runs)
-
-    def runs(self, kind: Optional[str] = None, paper_ref: Optional[str] = None) -> list[RunInfo]:
-        """Runs (oldest first) filtered by ``ulorl.kind`` and ``ulorl.paper_ref`` tags."""
-        out = self._runs
-        if kind is not None:
-            out = [r for r in out if r.kind == kind]
-        if paper_ref is not None:
-            out = [r for r in out if r.paper_ref == paper_ref]
-        return list(out)
-
-    def get(self, run_id: str) -> Optional[RunInfo]:
-        return self._by_id.get(run_id)
-
-    def children(self, run_id: str, kind: Optional[str] = None) -> list[RunInfo]:
-        return [r for r in self.runs(kind=kind) if r.parent_id == run_id]
 
     def history(self, run_id: str, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one metric, sorted by step; the last logged value wins per step."""
@@ -126,3 +169,39 @@ class RunStore:
             steps = sorted(by_step)
             self._hist[ck] = (steps, [by_step[s] for s in steps])
         return self._hist[ck]
+
+    def _eval_files(self, run_id: str) -> list[str]:
+        if run_id not in self._files:
+            try:
+                self._files[run_id] = sorted(f.path for f in self.client.list_artifacts(run_id, "eval"))
+            except Exception:  # noqa: BLE001 -- a run without artifacts has no per-problem scores
+                self._files[run_id] = []
+        return self._files[run_id]
+
+    def _per_problem_files(self, run_id: str) -> list[tuple[str, int]]:
+        """(bench, step) of every ``eval/<bench>_per_problem_step_<N>.csv`` of the run."""
+        out = []
+        for p in self._eval_files(run_id):
+            m = _PER_PROBLEM_RE.fullmatch(p)
+            if m:
+                out.append((m.group(1), int(m.group(2))))
+        return out
+
+    def per_problem_benches(self, run_id: str) -> list[str]:
+        return sorted({b for b, _ in self._per_problem_files(run_id)})
+
+    def per_problem_steps(self, run_id: str, bench: str = "heldout") -> list[int]:
+        return sorted(st for b, st in self._per_problem_files(run_id) if b == bench)
+
+    def per_problem_csv(self, run_id: str, step: int, bench: str = "heldout") -> str:
+        """The raw per-problem CSV of the run's ``bench`` eval at ``step``."""
+        with tempfile.TemporaryDirectory(prefix="ulorl-report-") as tmp:
+            return Path(self.client.download_artifacts(run_id, per_problem_path(bench, step), tmp)).read_text()
+
+    def per_problem(self, run_id: str, step: Optional[int] = None, bench: str = "heldout") -> dict[str, float]:
+        steps = self.per_problem_steps(run_id, bench)
+        if step is None:
+            step = steps[-1] if steps else None
+        if step is None or step not in steps:
+            return {}
+        return parse_per_problem_csv(self.per_problem_csv(run_id, step, bench))

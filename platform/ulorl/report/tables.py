@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.report import paper, speed
-from ulorl.report.store import RunInfo, RunStore
+from ulorl.report.store import RunInfo, RunSource
 from ulorl.tracking import schema
 
 NOT_RUN = "not run"
@@ -162,7 +162,7 @@ def simulator_table1(segments: list[int]) -> Optional[dict[int, tuple[float, boo
     return {int(r["segments"]): (float(r["predicted_step_s"]), bool(r.get("fitted_on"))) for r in res["rows"]}
 
 
-def steady_stats(store: RunStore, run: RunInfo, segments: int) -> Optional[dict[str, float]]:
+def steady_stats(store: RunSource, run: RunInfo, segments: int) -> Optional[dict[str, float]]:
     """Median step time and trained samples per second over the steady window
     (:func:`ulorl.report.speed.run_speed`: steps after the first S, evaluation time left out);
     None when the run has no step in it."""
@@ -174,7 +174,7 @@ def steady_stats(store: RunStore, run: RunInfo, segments: int) -> Optional[dict[
 
 
 def build_table1(
-    store: RunStore,
+    store: RunSource,
     hints: dict[str, str],
     simulator: Callable[[list[int]], Optional[dict[int, tuple[float, bool]]]] = simulator_table1,
 ) -> Table:
@@ -281,7 +281,7 @@ def build_table1(
 # ----------------------------------------------------------------------------- Table 2
 
 
-def eval_label(run: RunInfo, store: Optional[RunStore] = None) -> str:
+def eval_label(run: RunInfo, store: Optional[RunSource] = None) -> str:
     """Row name of an eval run: ``ulorl.model_label`` tag, else ``ulorl.model``, else run name."""
     return run.tags.get(schema.MODEL_LABEL_TAG) or run.tags.get(schema.MODEL_TAG) or run.name
 
@@ -351,7 +351,7 @@ def _avg_cell(cells: list[Cell]) -> Cell:
     return Cell(_fmt(v, 1), v, ids, note="mean of AIME-2025 and BeyondAIME", mode=cells[0].mode)
 
 
-def build_table2(store: RunStore, hints: dict[str, str]) -> Table:
+def build_table2(store: RunSource, hints: dict[str, str]) -> Table:
     """avg@k (x100) per model row and benchmark from eval runs; the latest run of a (row,
     benchmark) pair wins. AVG = mean of AIME-2025 and BeyondAIME (as in the paper)."""
     hints = {**DEFAULT_HINTS, **hints}
@@ -435,7 +435,7 @@ def point_at_budget(eval_steps: Sequence[int], eval_values: Sequence[float], cum
     return max(inside) if inside else None
 
 
-def sample_budget(store: RunStore, runs: Sequence[RunInfo]) -> Optional[float]:
+def sample_budget(store: RunSource, runs: Sequence[RunInfo]) -> Optional[float]:
     """Equal-samples budget of Table 3: the fewest trained samples any run had at its last periodic
     held-out eval (so every run has a point at or before it); None when no run logs both."""
     key = schema.eval_metric("heldout", "avg_at_k")
@@ -447,7 +447,7 @@ def sample_budget(store: RunStore, runs: Sequence[RunInfo]) -> Optional[float]:
     return min(totals) if totals else None
 
 
-def _train_score(store: RunStore, run: RunInfo, bench: str, budget: Optional[float] = None) -> Optional[Cell]:
+def _train_score(store: RunSource, run: RunInfo, bench: str, budget: Optional[float] = None) -> Optional[Cell]:
     """Score of a training run on ``bench``. Held-out with a ``budget``: the last periodic
     ``eval/heldout/avg_at_k`` point within ``budget`` trained samples (equal-samples comparison).
     Otherwise: its latest nested eval run on that benchmark (a final checkpoint, at the run's own
@@ -493,7 +493,7 @@ def _mean_cell(cells: list[Cell]) -> Cell:
     return Cell(_fmt(v, 1), v, ids, note=note, mode=cells[0].mode)
 
 
-def build_table3(store: RunStore, hints: dict[str, str], equal_samples: bool = True) -> Table:
+def build_table3(store: RunSource, hints: dict[str, str], equal_samples: bool = True) -> Table:
     """Score by training ``rollout.max_response_len`` from training runs tagged table3 (mean over
     runs of equal length and segments), plus the base model's eval runs, with the paper beside.
 
@@ -643,13 +643,13 @@ def cell_records(t: Table) -> list[dict[str, str]]:
     return recs
 
 
-def build_tables(store: RunStore, hints: Optional[dict[str, str]] = None, equal_samples: bool = True) -> list[Table]:
+def build_tables(store: RunSource, hints: Optional[dict[str, str]] = None, equal_samples: bool = True) -> list[Table]:
     """Tables 1-3; ``equal_samples`` picks Table 3's held-out budget (see ``build_table3``)."""
     hints = {**DEFAULT_HINTS, **(hints if hints is not None else find_hints())}
     return [build_table1(store, hints), build_table2(store, hints), build_table3(store, hints, equal_samples)]
 
 
-def write_all(store: RunStore, out_dir: str | Path, hints: Optional[dict[str, str]] = None,
+def write_all(store: RunSource, out_dir: str | Path, hints: Optional[dict[str, str]] = None,
               equal_samples: bool = True) -> dict[str, Any]:
     """Write table{1,2,3}.{md,tex,csv}, fig{2,4,5}.png and cells.csv into ``out_dir``.
 

@@ -2,18 +2,30 @@
 
 The order of the checks in ``answers_match``:
 
-1. both normalised (``ulorl.reward.normalize``) and identical -> equal;
-2. multiple choice: letter vs letter, and a letter vs an option's text when ``problem`` lists
-   options (``(A) ...``, ``A. ...``, ``A) ...``);
-3. lists: a reference of several top-level items (``2, 4, 3``; ``(1,2), (3,4)``) needs the same
+1. both normalised (``ulorl.reward.normalize``) and identical -> equal (words of two or more
+   letters ignore case: ``YES`` = ``Yes``; two words of four or more letters are equal only so,
+   never as math-verify's products of symbols); a percentage on one side of two numbers:
+   ``60%`` = ``0.6`` = ``60``;
+2. multiple choice: letter vs letter, a letter vs an option's text when ``problem`` lists options
+   (``(A) ...``, ``A. ...``, ``A) ...``), and a letter followed by its option's text (``(E) 9:30``,
+   ``B. 45 cm``: the letter counts, and the text must not contradict the option);
+3. alternatives in the reference: ``\\binom{10}{3} = 120`` (a constant equal to a value) accepts
+   either side; ``0.5 or \\frac12`` (two forms of one value) accepts either form;
+4. lists: a reference of several top-level items (``2, 4, 3``; ``(1,2), (3,4)``) needs the same
    number of items, compared in order unless the reference is a set (``\\{...\\}``, or the problem
-   asks for all solutions / roots / values and not for an order);
-4. function definitions: ``f(x)=2x`` vs ``f(y)=2y`` compare the right-hand sides after renaming
+   asks for all / possible solutions / roots / values and not for an order); a tuple against a
+   bare list of the same items (``(1, 2, 3)`` vs ``1, 2, 3``; two items only when the problem asks
+   for an ordered pair or a point, as ``(1, 2)`` is also an interval) compares item by item, in order;
+5. inequalities against intervals: ``1 < x \\le 3`` = ``(1, 3]``, ``x > 2`` = ``(2, \\infty)``;
+6. function definitions: ``f(x)=2x`` vs ``f(y)=2y`` compare the right-hand sides after renaming
    the variable;
-5. math-verify, except that two *exact* constants (no floats, no variables) compare exactly
-   (math-verify's numeric test rounds ``2^{1009}/(2^{1009}+2018) - 2^{1009}/(2^{1009}+1009)`` to 0).
+7. math-verify, except that two *exact* constants (no floats, no variables) compare exactly
+   (math-verify's numeric test rounds ``2^{1009}/(2^{1009}+2018) - 2^{1009}/(2^{1009}+1009)`` to 0);
+   ``\\ln`` and an unsubscripted ``\\log`` are one function when the two sides use one each; a
+   reference rounded to two or more decimals accepts an exact non-terminating value that rounds to
+   it (``\\sqrt{2}`` for ``1.41``), never a different decimal.
 
-Steps 1-4 are string code; step 5 imports sympy / math-verify and is not time-bounded (the
+Steps 1-6 are string code; step 7 imports sympy / math-verify and is not time-bounded (the
 scorer runs it in worker processes, see ``ulorl.reward.scorer``).
 """
 
@@ -25,6 +37,7 @@ from typing import Any, Optional
 
 from ulorl.reward.normalize import (
     has_percent,
+    is_numeric_expression,
     normalize_answer,
     option_letter,
     plain_thousands,
@@ -33,11 +46,19 @@ from ulorl.reward.normalize import (
 )
 
 _OPEN, _CLOSE = "([{", ")]}"
-_SET_WORDS = re.compile(r"\ball\b|\bsolutions\b|\broots\b|\bvalues\b|\bany order\b|\bzeros\b", re.I)
+_SET_WORDS = re.compile(r"\ball\b|\bsolutions\b|\broots\b|\bvalues\b|\bany order\b|\bzeros\b|\bpossible\b", re.I)
 _ORDER_WORDS = re.compile(r"\border\b|\brespectively\b|\bordered\b|\bin that order\b", re.I)
 _FUNC_DEF = re.compile(r"^([A-Za-z])\s*\(\s*([A-Za-z])\s*\)\s*=\s*(.+)$")
 _OPTION_MARK = re.compile(r"(?:^|[\s$])\(?([A-J])[).:]\s+|\(([A-J])\)\s*")
 _INT = re.compile(r"^[+-]?\d+$")
+_WORDS = re.compile(r"^[A-Za-z]{2,}(?:[ -][A-Za-z]+)*$")
+# "(E) 9:30", "B. 45 cm", "(C) $6+\\pi$ m": an option letter followed by (a copy of) its text.
+_LETTER_LEAD = re.compile(r"^\(\s*([A-J])\s*\)\s*[.:]?\s*(.+)$|^([A-J])\s*[.:)]\s+(.+)$", re.S)
+_PAIR_WORDS = re.compile(r"\bordered pairs?\b|\bpoints?\b|\bcoordinates\b|\bvectors?\b", re.I)
+_REL = r"(<|>|\\leq?|\\geq?|\\le|\\ge|≤|≥)"
+_CHAIN = re.compile(rf"^(.+?)\s*{_REL}\s*([A-Za-z])\s*{_REL}\s*(.+)$")
+_HALF = re.compile(rf"^([A-Za-z])\s*{_REL}\s*(.+)$")
+_NUMERIC_LEFT = re.compile(r"[A-Za-z]")
 MAX_ITEMS_PERMUTED = 6  # set comparison tries every order up to this many items (6! = 720)
 
 
@@ -172,20 +193,108 @@ def text_words(s: str) -> frozenset[str]:
 def fast_verdict(pred: str, reference: str) -> Optional[bool]:
     """A verdict from string code alone, or None when sympy is needed.
 
-    Exact either way: two plain integers (after normalisation) are equal iff their digits are;
-    identical normalised strings are equal; two option letters are equal iff they are the same.
+    Exact either way: two plain integers (after normalisation) are equal iff their digits are
+    (unless a percentage on one side only makes ``100%`` = ``1`` possible); identical normalised
+    strings are equal, words of two or more letters in any case; two option letters are equal iff
+    they are the same.
     """
     p, r = normalize_answer(pred), normalize_answer(reference)
     if not p or not r:
         return False
-    if p == r:
+    if p == r or (_WORDS.match(p) and _WORDS.match(r) and p.lower() == r.lower() and (len(p) > 2 or p.lower() == "no")):
         return True
     if _INT.match(p) and _INT.match(r):
+        if has_percent(pred) != has_percent(reference):
+            return None
         return int(p) == int(r)
     lp, lr = option_letter(p), option_letter(r)
     if lp is not None and lr is not None:
         return lp == lr
     return None
+
+
+def letter_lead(s: str) -> Optional[tuple[str, str]]:
+    """``(E) 9:30`` -> ``("E", "9:30")``; None unless ``s`` is an option letter followed by text."""
+    m = _LETTER_LEAD.match(s.strip())
+    if m is None:
+        return None
+    letter, text = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    text = text.strip().rstrip(".").strip()
+    if re.match(r"(?:[,;&]|and\b|or\b)", text) or re.search(r"\(\s*[A-J]\s*\)", text):
+        return None  # "(A), (C) and (E)": several options, not one option and its text
+    return letter, text
+
+
+def enclosed_items(s: str) -> Optional[list[str]]:
+    """Items of ``(1, 2, 3)`` / ``[1, 2, 3]`` when one pair of matching brackets spans the whole
+    string (so not ``(x, y) = (1, 2)``, not ``[0, 1)``); None otherwise."""
+    t = s.strip()
+    if len(t) < 2 or (t[0], t[-1]) not in (("(", ")"), ("[", "]")):
+        return None
+    depth = 0
+    for i, c in enumerate(t):
+        depth += 1 if c in _OPEN else -1 if c in _CLOSE else 0
+        if depth == 0 and i < len(t) - 1:
+            return None
+    return split_items(t[1:-1])
+
+
+def _bound(rel: str) -> tuple[bool, bool]:
+    """(closed, less-than) of a relation symbol."""
+    closed = rel in ("\\le", "\\leq", "\\ge", "\\geq", "≤", "≥")
+    less = rel in ("<", "\\le", "\\leq", "≤")
+    return closed, less
+
+
+def inequality_to_interval(s: str) -> Optional[str]:
+    """``1 < x \\le 3`` -> ``(1, 3]``; ``x > 2`` -> ``(2, \\infty)``; ``x \\le -1`` -> ``(-\\infty, -1]``;
+    None for anything else (two variables, a relation of expressions, mixed directions)."""
+    t = s.strip()
+    m = _CHAIN.match(t)
+    if m:
+        lo, r1, _var, r2, hi = m.groups()
+        (c1, l1), (c2, l2) = _bound(r1), _bound(r2)
+        if l1 != l2 or _NUMERIC_LEFT.search(normalize_answer(lo).replace("\\infty", "").replace("\\pi", "")
+                                             + normalize_answer(hi).replace("\\infty", "").replace("\\pi", "")):
+            return None
+        if not l1:  # 3 > x > 1
+            lo, hi, c1, c2 = hi, lo, c2, c1
+        return f"{'[' if c1 else '('}{lo.strip()}, {hi.strip()}{']' if c2 else ')'}"
+    m = _HALF.match(t)
+    if m:
+        _var, rel, val = m.groups()
+        if _NUMERIC_LEFT.search(normalize_answer(val).replace("\\infty", "").replace("\\pi", "")):
+            return None
+        closed, less = _bound(rel)
+        if less:
+            return f"(-\\infty, {val.strip()}{']' if closed else ')'}"
+        return f"{'[' if closed else '('}{val.strip()}, \\infty)"
+    return None
+
+
+def _looks_like_interval(s: str) -> bool:
+    t = s.strip()
+    return len(t) > 2 and t[0] in "([" and t[-1] in ")]" and ("," in t or "\\cup" in t)
+
+
+def reference_alternatives(reference: str) -> tuple[list[str], bool]:
+    """(forms, stated equal) of a reference that gives one answer in two forms: ``\\binom{10}{3} =
+    120`` -> both sides, stated equal (both sides are constants, so the reference asserts it);
+    ``0.5 or \\frac12`` -> both forms, not stated equal (the caller checks that they are one value,
+    as ``2 or 3`` lists two answers); ([], False) otherwise."""
+    t = normalize_answer(reference)
+    parts = [x.strip() for x in re.split(r"(?<![<>!\\])=(?!=)", t)]
+    if len(parts) == 2 and all(parts) and not any(_NUMERIC_LEFT.search(re.sub(r"\\[A-Za-z]+", "", x)) for x in parts):
+        return parts, True  # both sides constants: "7 = 11a + c" is an equation, not two forms
+    alts = [x.strip() for x in re.split(r"\s+or\s+|\\text\s*\{\s*or\s*\}", t) if x.strip()]
+    return (alts, False) if len(alts) == 2 and "=" not in t else ([], False)
+
+
+def _consistent_option_text(text: str, option: str) -> bool:
+    """The text written after an option letter agrees with that option (or is a prefix of it)."""
+    a = re.sub(r"[\s$]|\\[,;!~ ]", "", normalize_answer(text)).lower()
+    b = re.sub(r"[\s$]|\\[,;!~ ]", "", normalize_answer(option)).lower()
+    return bool(a) and (a == b or b.startswith(a) or answers_match(text, option, None, 2))
 
 
 def answers_match(pred: str, reference: str, problem: Optional[str] = None, depth: int = 0) -> bool:
@@ -194,16 +303,29 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
     if not p or not r:
         return False
     quick = fast_verdict(p, r)
-    if quick is True or (quick is False and not has_percent(reference)):
+    if quick is True or (quick is False and not has_percent(reference) and not has_percent(pred)):
         return True if quick else False
-    if has_percent(reference) and depth == 0 and not has_percent(pred):
-        # 10\% may be answered as 10 or as 0.1
-        if answers_match(p, r, None, depth + 1) or answers_match(p, f"\\frac{{{r}}}{{100}}", None, depth + 1):
-            return True
-        return False
+    if _WORDS.match(p) and _WORDS.match(r) and max(len(p), len(r)) > 3:
+        return p.lower() == r.lower()  # words are not products of symbols: KILIMANJARO is not an anagram of it
+    if depth == 0 and has_percent(reference) != has_percent(pred) and is_numeric_expression(p) \
+            and is_numeric_expression(r):
+        # 10\% may be answered as 10 or as 0.1; 60% is 0.6 (and, as written, 60)
+        scaled = (p, f"\\frac{{{r}}}{{100}}") if has_percent(reference) else (f"\\frac{{{p}}}{{100}}", r)
+        return answers_match(p, r, None, depth + 1) or answers_match(*scaled, None, depth + 1)
     p, r = p.replace(";", ","), r.replace(";", ",")
     options = parse_options(problem)
     lp, lr = option_letter(p), option_letter(r)
+    lead = letter_lead(p) if lp is None and depth == 0 else None
+    if lead is not None and (lr is not None or lead[0] in options):
+        letter, text = lead
+        if letter in options and not _consistent_option_text(text, options[letter]):
+            return False  # "(B) 45" where (B) is 54: the response contradicts itself
+        if lr is not None:
+            return letter == lr
+        return answers_match(options[letter], r, None, depth + 1)
+    rlead = letter_lead(r) if lr is None and depth == 0 else None
+    if rlead is not None and lp is not None:  # a reference written as "C. x = 42" against "C"
+        return lp == rlead[0]
     if options and depth == 0:
         if lr is not None and lp is None and lr in options:
             return answers_match(p, options[lr], None, depth + 1)
@@ -211,14 +333,32 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
             return answers_match(options[lp], r, None, depth + 1)
     if lr is not None and lp is None and not options:
         return False  # a letter reference needs a letter (or the option texts to map to)
+    if depth == 0:
+        alts, stated = reference_alternatives(r)
+        if alts and len(split_items(p)) == 1:
+            if stated or answers_match(alts[0], alts[1], None, depth + 1):  # "or": one value, two forms
+                return any(answers_match(p, a, None, depth + 1) for a in alts)
     ref_items, pred_items = split_items(unwrap_set(r)), split_items(unwrap_set(p))
+    if (len(ref_items) > 1) != (len(pred_items) > 1):  # (1, 2, 3) vs 1, 2, 3
+        single, many = (ref_items, pred_items) if len(ref_items) == 1 else (pred_items, ref_items)
+        inner = enclosed_items(single[0])
+        if inner is not None and len(inner) == len(many) and (
+                len(many) >= 3 or (problem is not None and _PAIR_WORDS.search(problem))):
+            ref_items, pred_items = (inner, many) if single is ref_items else (many, inner)
+            return items_match(pred_items, ref_items, False, depth)
     if len(ref_items) > 1 or len(pred_items) > 1:
         as_set = written_as_set(reference) or is_set_reference(r, problem)
         if as_set:  # a set lists each element once
             ref_items, pred_items = _dedupe(ref_items), _dedupe(pred_items)
+        if len(pred_items) > 1 and len(ref_items) == 1 and len(_dedupe(pred_items)) == 1:
+            pred_items = pred_items[:1]  # \boxed{2} and \boxed{2}: one value, written twice
         if len(ref_items) != len(pred_items):
             return False
         return items_match(pred_items, ref_items, as_set, depth)
+    if _looks_like_interval(r) or _looks_like_interval(p):
+        ip, ir = inequality_to_interval(p), inequality_to_interval(r)
+        if (ip is not None) != (ir is not None):
+            return answers_match(ip or p, ir or r, None, depth + 1)
     if text_words(p) != text_words(r):
         return False  # "n \\text{ odd}" is not "n": words of a non-numeric answer must match
     fp, fr = function_rhs(p), function_rhs(r)
@@ -303,14 +443,56 @@ def exact_equal(a: Any, b: Any) -> Optional[bool]:
     return None
 
 
+_LOG = re.compile(r"\\log(?![A-Za-z_])")
+_DECIMAL = re.compile(r"^[+-]?\d*\.(\d+)$")
+
+
+def same_log(pred: str, reference: str) -> tuple[str, str]:
+    """``\\ln`` on one side and an unsubscripted ``\\log`` on the other: both read as ``\\ln``."""
+    if ("\\ln" in pred and _LOG.search(reference)) or ("\\ln" in reference and _LOG.search(pred)):
+        return _LOG.sub(r"\\ln", pred), _LOG.sub(r"\\ln", reference)
+    return pred, reference
+
+
+def rounds_to(value: Any, reference: str) -> bool:
+    """An exact constant whose decimal expansion does not stop, rounded half-up to the decimals of
+    ``reference`` (at least two), is ``reference``: ``\\sqrt{2}`` -> ``1.41``, ``1/3`` -> ``0.33``."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    import sympy
+
+    m = _DECIMAL.match(reference.strip())
+    if m is None or len(m.group(1)) < 2 or not _is_exact_constant(value):
+        return False
+    try:
+        if value.is_Rational:
+            q = int(sympy.Rational(value).q)
+            while q % 2 == 0:
+                q //= 2
+            while q % 5 == 0:
+                q //= 5
+            if q == 1:  # a terminating decimal: compared exactly elsewhere, never rounded
+                return False
+        elif not value.is_real:
+            return False
+        digits = Decimal(str(sympy.N(value, 40)))
+        step = Decimal(1).scaleb(-len(m.group(1)))
+        return digits.quantize(step, rounding=ROUND_HALF_UP) == Decimal(reference.strip())
+    except (TypeError, ValueError, ArithmeticError):
+        return False
+
+
 def math_equal(pred: str, reference: str) -> bool:
     """math-verify's verdict on two short answers, exact for exact constants. Not time-bounded."""
     from math_verify import verify
 
+    pred, reference = same_log(pred, reference)
     gold, target = parse_answer(reference), parse_answer(pred)
     if not gold or not target:
         return False
     exact = exact_equal(gold[0], target[0])
     if exact is not None:
         return exact
-    return bool(verify(gold, target, timeout_seconds=None))
+    if bool(verify(gold, target, timeout_seconds=None)):
+        return True
+    return rounds_to(target[0], reference)

@@ -1,13 +1,23 @@
 """Final-answer extraction from a response, in one of two modes (``reward.extraction``):
 
 ``boxed``           the last ``\\boxed{...}`` (with the boxes written right before it, joined:
-                    ``\\boxed{-2} \\text{ and } \\boxed{1}`` -> ``-2, 1``); no box -> no answer.
-                    The training default: "no box -> 0" is a deliberate format incentive.
+                    ``\\boxed{-2} \\text{ and } \\boxed{1}`` -> ``-2, 1``; ``max \\boxed{3}, min
+                    \\boxed{1}`` -> ``3, 1``); no box -> no answer. The training default: "no box ->
+                    0" is a deliberate format incentive.
 ``boxed_or_final``  the same, and when there is no box a final-answer statement: the last
-                    "final answer: X" / "the answer is X" / "Answer: X", else a response that is
+                    "final answer: X" / "the answer is X" / "the correct answer is (B)" / "Answer: X"
+                    (at a line start, after a sentence, or in bold anywhere), else a response that is
                     only an answer (one short line or one math span), else a lone option letter on
-                    the last line. For evaluating other models' outputs (``ulorl-eval``), judges'
-                    fallbacks and data cleaning.
+                    the last line, else -- only when the problem is known -- a closing sentence
+                    (``closing_statement``). For evaluating other models' outputs (``ulorl-eval``),
+                    judges' fallbacks and data cleaning.
+
+Truncation nobody flagged (a labelled set, an external log, a response that stops mid-derivation
+with ``truncated=False``) must not earn a reward from a number in its last sentence: the closing-
+sentence rule takes a value only from a last sentence that ends the text with a full stop, opens
+with a conclusion ("Therefore", "Thus", "So", ...; an option letter in brackets needs none), names
+the quantity the problem asks for (its head noun appears in the problem's question) and ends with
+the value (a number, a math span or an option letter, then at most three unit words).
 
 Pure string code (no sympy), cheap enough to run in the caller before any worker round trip.
 """
@@ -81,9 +91,21 @@ def extract_last_boxed(text: str) -> Optional[str]:
 # Text allowed between two boxes of one final answer: separators, "and"/"or", spacing, delimiters.
 _BOX_GAP = re.compile(r"^(?:\s|[,;$.]|\\quad|\\qquad|\\[,;!]|\\[\[\]()]"
                       r"|\\text\s*\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*$")
+# ... or a separator and the label of the next box: "max \boxed{3}, min \boxed{1}", "x = \boxed{3}, y = \boxed{4}".
+_LABEL_GAP = re.compile(r"^[\s$]*[,;][\s$]*(?:and\s+)?"
+                        r"(?P<label>\\text\s*\{[^{}]{1,24}\}|\\[A-Za-z]+|[A-Za-z]+(?: [A-Za-z]+)?"
+                        r"(?:_\{?[A-Za-z0-9]+\}?)?)\s*(?:[:=]|\bis\b)?[\s$]*(?:\\[(\[])?\s*$")
+# Words that make the next box a correction, a new step or a restatement ("which is answer choice
+# \boxed{(B)}"), not a labelled part of one answer.
+_NOT_A_LABEL = frozenset("then so but not no wait actually correction instead hence therefore thus sorry oops "
+                         "however rather again finally next now which that answer choice option i e ie or "
+                         "equivalently namely".split())
 _MAX_BOX_GAP = 60
+_MAX_JOINED_BOXES = 16  # one final answer has a few parts; a run of hundreds of boxes is not one answer
 _ANSWER_MARK = re.compile(
-    r"(?:final\s+answer|the\s+answer|^[ \t*#]*answer)\**\s*(?:is|would\s+be|should\s+be|[:=])?\s*:?\s*\**\s*",
+    r"(?:final\s+answer|the\s+(?:(?:correct|best|right)\s+(?:answer|option|choice)|answer)"
+    r"|^[ \t*#]*answer|\*\*\s*answer|(?<=[.!?]\s)answer(?=\**\s*:))"
+    r"\**\s*(?:is|would\s+be|should\s+be|must\s+be|[:=])?\s*:?\s*\**\s*",
     re.IGNORECASE | re.MULTILINE,
 )
 _LONE_LETTER = re.compile(r"^\s*\**\s*\(?([A-J])\)?\s*\**\.?\s*$")
@@ -108,8 +130,9 @@ def extract_boxed_answer(text: str) -> Optional[str]:
     """The last box, joined with the boxes written right before it (only separators, "and",
     spacing between them): ``\\boxed{(3,3)} \\text{ and } \\boxed{(1,1)}`` -> ``(3,3), (1,1)``.
 
-    None when there is no box or the last box never closes; identical boxes count once. Each
-    earlier box is only read up to the next one, so this stays linear in ``len(text)``.
+    None when there is no box or the last box never closes; at most ``_MAX_JOINED_BOXES`` earlier
+    boxes are joined. Each earlier box is only read up to the next one, so this stays linear in
+    ``len(text)``.
     """
     matches = list(_BOX_CMD.finditer(text))
     if not matches:
@@ -118,17 +141,25 @@ def extract_boxed_answer(text: str) -> Optional[str]:
     if last is None:
         return None
     parts = [last.strip()]
-    for j in range(len(matches) - 2, -1, -1):
+    for j in range(len(matches) - 2, max(-1, len(matches) - 2 - _MAX_JOINED_BOXES), -1):
         nxt = matches[j + 1].start()
         end, content = _box_at(text, matches[j], nxt)
         gap = text[end:nxt] if content is not None else ""
-        if content is None or len(gap) > _MAX_BOX_GAP or not _BOX_GAP.match(gap):
+        if content is None or len(gap) > _MAX_BOX_GAP or not (_BOX_GAP.match(gap) or _is_label_gap(gap)):
             break
-        parts.insert(0, content.strip())
-    parts = [p for p in parts if p]
-    if len(set(parts)) <= 1:
-        return parts[0] if parts else ""
-    return ", ".join(parts)
+        parts.append(content.strip())
+    parts = [p for p in reversed(parts) if p]
+    # equal boxes are kept: "\boxed{2} and \boxed{2}" may answer a reference "2, 2" (the comparison
+    # reads a repeated single value as that value)
+    return ", ".join(parts) if parts else ""
+
+
+def _is_label_gap(gap: str) -> bool:
+    m = _LABEL_GAP.match(gap)
+    if m is None:
+        return False
+    words = {w.lower() for w in re.findall(r"[A-Za-z]+", m.group("label"))}
+    return not words & _NOT_A_LABEL
 
 
 def _math_span(s: str) -> Optional[str]:
@@ -160,10 +191,11 @@ def _statement_value(tail: str) -> Optional[str]:
     return value if value and len(value) <= _MAX_STATEMENT_CHARS else None
 
 
-def extract_final_statement(text: str) -> Optional[str]:
+def extract_final_statement(text: str, problem: Optional[str] = None) -> Optional[str]:
     """The answer of a response without a box: the last "final answer: X" / "the answer is X" /
-    "Answer: X"; else the whole response when it is only an answer (one short line, or one math
-    span); else a lone option letter on the last line. None when none of these is there."""
+    "the correct answer is X" / "Answer: X"; else the whole response when it is only an answer (one
+    short line, or one math span); else a lone option letter on the last line; else (``problem``
+    given) the value of a closing sentence (``closing_statement``). None when none of these is there."""
     marks = list(_ANSWER_MARK.finditer(text))
     for m in reversed(marks):
         value = _statement_value(text[m.end():])
@@ -175,17 +207,95 @@ def extract_final_statement(text: str) -> Optional[str]:
         if span is not None and len(span) + 4 >= len(s) - 2 and (
                 s.endswith("$") or s.endswith("\\)") or s.endswith("\\]")):
             return span or None
-        if "\n" not in s and len(s) <= _MAX_LONE_CHARS:
-            return s.rstrip(".").strip() or None
+        if "\n" not in s and len(s) <= _MAX_LONE_CHARS and not re.search(r"[.!?]\s+\S", s):
+            return s.rstrip(".").strip() or None  # one short sentence: "42", "x = 5", "(B)"
         last = s.splitlines()[-1]
         lm = _LONE_LETTER.match(last)
         if lm:
             return lm.group(1)
+        if problem:
+            return closing_statement(s, problem)
     return None
 
 
-def extract_answer(text: str, mode: str = "boxed") -> Optional[str]:
-    """The final answer of ``text`` under extraction ``mode`` (see module doc); None = no answer."""
+_CUE = r"(?:therefore|thus|hence|so|in conclusion|in total|in all|altogether|consequently|finally|overall)"
+_VERB = (r"(?:is|are|was|were|equals|=|must be|will be|would be|should be|has|have|had|gets?|needs?|takes?|"
+         r"makes?|weighs?|costs?|measures?|comes? to)")
+_VALUE = (r"(?P<value>\$[^$]{1,80}\$|\\\((?:(?!\\\)).){1,80}\\\)|\([A-J]\)|(?<![\w.])[A-J](?=\s*[.!]$)"
+          r"|[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)")
+_CLOSING = re.compile(
+    rf"^(?:\*\*)?(?:(?P<cue>{_CUE})\b\s*,?\s*)?(?P<subject>[^.!?$=]{{3,160}}?)\s+{_VERB}\s+"
+    r"(?:equal to\s+|exactly\s+|approximately\s+|about\s+|a total of\s+|only\s+|option\s+|choice\s+)?"
+    rf"{_VALUE}(?P<unit>(?:\s+[A-Za-z][A-Za-z-]*\.?){{0,3}})\s*(?:\*\*)?\s*[.!]$",
+    re.IGNORECASE,
+)
+_NOT_UNIT = frozenset("the a an of times more less than as per and or to in for by from with at on if when because "
+                      "since which that this so".split())
+_STOP = frozenset("the a an of for to in on at by with from and or that which this these those there their its it "
+                  "is are what which how many much does do did find determine compute calculate given then than each "
+                  "total final required resulting desired correct answer".split())
+_MAX_CLOSING_TAIL = 400
+
+
+def _content_words(text: str) -> list[str]:
+    """Lower-cased words of three or more letters, stop words dropped, a plural "s" removed."""
+    out = []
+    for w in re.findall(r"[A-Za-z]{3,}", text.lower()):
+        if w not in _STOP:
+            out.append(w[:-1] if w.endswith("s") and len(w) > 3 and not w.endswith("ss") else w)
+    return out
+
+
+def _question_words(problem: str) -> set[str]:
+    """Content words of the problem's question: its sentences with a "?" or an imperative
+    (find / determine / compute / ...), else its last sentence."""
+    sentences = [x for x in re.split(r"(?<=[.?!])\s+|\n+", problem) if x.strip()]
+    asks = [x for x in sentences if "?" in x or re.match(
+        r"\s*(?:find|determine|compute|calculate|evaluate|what|which|how|give|express|show)\b", x, re.I)]
+    return set(_content_words(" ".join(asks or sentences[-1:])))
+
+
+def closing_statement(text: str, problem: str) -> Optional[str]:
+    """The value of the response's closing sentence, or None.
+
+    "Therefore, the length of the side is 20 centimeters." -> ``20 centimeters`` when the problem
+    asks for "the length of the side"; "The pattern that cannot be folded is (D)." -> ``(D)``. The
+    last sentence must end the text with a full stop, open with a conclusion word (an option letter
+    in brackets needs none), name the asked quantity (the first content word of its subject is a
+    content word of the problem's question) and end with the value and at most three unit words.
+    Equations ("So x = 5.") and statements about other quantities give None, as does any text that
+    does not end in a full stop -- a response cut mid-derivation.
+    """
+    t = text.rstrip()
+    if not t or t[-1] not in ".!":
+        return None
+    tail = t[-_MAX_CLOSING_TAIL:].split("\n")[-1]
+    cuts = [m.end() for m in re.finditer(r"[.!?](?:\*\*)?\s+(?=[A-Z*(\\$])", tail[:-1])]
+    sentence = tail[cuts[-1]:] if cuts else tail
+    if cuts == [] and len(tail) == _MAX_CLOSING_TAIL:
+        return None  # no sentence start in reach
+    m = _CLOSING.match(sentence.strip())
+    if m is None:
+        return None
+    value = m.group("value")
+    letter = re.fullmatch(r"\(?([A-J])\)?", value)
+    if m.group("cue") is None and not (letter and value.startswith("(")):
+        return None
+    subject = _content_words(m.group("subject"))
+    if not subject or subject[0] not in _question_words(problem):
+        return None
+    if letter:
+        return letter.group(1)
+    units = [w for w in m.group("unit").split() if w.lower().rstrip(".") not in _NOT_UNIT]
+    if len(units) != len(m.group("unit").split()):
+        return None  # "20 times the side": not a value with units
+    value = value[1:-1] if value.startswith("$") else value[2:-2] if value.startswith("\\(") else value
+    return (value.strip() + (" " + " ".join(units) if units else "")).strip()
+
+
+def extract_answer(text: str, mode: str = "boxed", problem: Optional[str] = None) -> Optional[str]:
+    """The final answer of ``text`` under extraction ``mode`` (see module doc); None = no answer.
+    ``problem`` (optional) enables the closing-sentence rule of ``boxed_or_final``."""
     if mode not in EXTRACTION_MODES:
         raise ValueError(f"unknown extraction mode {mode!r}; expected one of {EXTRACTION_MODES}")
     boxed = extract_boxed_answer(text)
@@ -193,4 +303,4 @@ def extract_answer(text: str, mode: str = "boxed") -> Optional[str]:
         return boxed
     if _BOX_CMD.search(text):  # a box that never closes: cut mid-answer, no fallback
         return None
-    return extract_final_statement(text)
+    return extract_final_statement(text, problem)

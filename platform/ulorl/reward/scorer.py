@@ -202,9 +202,9 @@ class RewardScorer:
         return self.score([(tokenizer.decode(s.response_ids, skip_special_tokens=True), s.answer,
                             s.status is SampleStatus.TRUNCATED) for s in samples])
 
-    def extract(self, text: str) -> Optional[str]:
+    def extract(self, text: str, problem: Optional[str] = None) -> Optional[str]:
         """The final answer of ``text`` under this scorer's extraction mode (None = no answer)."""
-        return extract_answer(text, self.extraction)
+        return extract_answer(text, self.extraction, problem)
 
     def score(self, items: list[tuple[Any, ...]]) -> list[float]:
         """Rewards (1.0 / 0.0) for ``(response_text, reference, truncated[, problem])`` items, in order."""
@@ -220,7 +220,7 @@ class RewardScorer:
                 if truncated:
                     st.truncated += 1
                     continue
-                pred = extract_answer(text, self.extraction)
+                pred = extract_answer(text, self.extraction, _problem(item))
                 if not pred:
                     st.no_answer += 1
                     continue

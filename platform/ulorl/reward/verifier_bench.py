@@ -2,16 +2,25 @@
 
     ulorl-bench verifier LABELLED.jsonl                              # table on stdout
     ulorl-bench verifier LABELLED.jsonl --extraction boxed_or_final --json --out rows.jsonl
+    ulorl-bench verifier tests/data/verifier_hard.jsonl --split test --extraction all
+    ulorl-bench verifier LABELLED.jsonl --extraction boxed_or_final --judge-model PATH
     ulorl-bench verifier --synthetic                                 # per-item cost, no labels
 
 Each row of LABELLED.jsonl: ``response`` (str), ``answer`` (str, the reference), ``label`` (bool:
-is the response right), optional ``problem`` (option texts, ordered answer vs set) and ``source``.
-Every row is scored by ``RewardScorer.score`` -- the trainer's code path (``--extraction boxed``,
-the training default) or ulorl-eval's (``boxed_or_final``) -- in its time-bounded worker
-processes. Reported overall and per source: agreement with the labels, false positives (scored 1,
-labelled wrong), false negatives, and items/s (scoring only, after the workers are warm); also
-the agreement on the rows whose response contains a box. ``--out`` writes one JSON line per row
-(extracted answer, score, label, agree) for reading the disagreements.
+is the response right), optional ``problem`` (option texts, ordered answer vs set, the asked
+quantity of a closing sentence), ``source`` and ``split`` (``--split`` keeps one part). Every row
+is scored by ``RewardScorer.score`` -- the trainer's code path (``--extraction boxed``, the
+training default) or ulorl-eval's (``boxed_or_final``; ``all`` = both, one after the other) -- in
+its time-bounded worker processes. Reported per extraction mode, overall and per source:
+agreement with the labels, false positives (scored 1, labelled wrong), false negatives, and
+items/s (scoring only, after the workers are warm); also the agreement on the rows whose response
+contains a box. ``--out`` writes one JSON line per row and mode (extracted answer, score, label,
+agree) for reading the disagreements.
+
+``--judge-model`` adds the generative judge (``ulorl.reward.judge``) as a second opinion on the
+rule path's misses (an extracted answer the rule check rejects; never a proven integer / letter
+mismatch, a timeout or a row without an answer); the summary then holds the judge's calls, flips,
+seconds and seconds per call.
 """
 
 from __future__ import annotations
@@ -24,9 +33,11 @@ from collections import defaultdict
 from typing import Any, Optional
 
 from ulorl.data.jsonl import DataError, read_json_objects
+from ulorl.jsonout import emit_json
 from ulorl.reward.extract import EXTRACTION_MODES, extract_answer
 
 REQUIRED = ("response", "answer", "label")
+SPLITS = ("dev", "test")
 
 
 class LabelledDataError(ValueError):
@@ -63,14 +74,46 @@ def _counts(pairs: list[tuple[bool, bool]]) -> dict[str, Any]:
     return {"n": n, "agreement": (n - fp - fn) / n if n else None, "false_positives": fp, "false_negatives": fn}
 
 
+def select_split(rows: list[dict[str, Any]], split: Optional[str], path: str = "labelled file") -> list[dict[str, Any]]:
+    """The rows of one ``split`` (``dev`` / ``test``); all rows when ``split`` is None."""
+    if split is None:
+        return rows
+    if not any("split" in r for r in rows):
+        raise LabelledDataError(f"{path}: --split {split} given, but no row has a 'split' field")
+    kept = [r for r in rows if r.get("split") == split]
+    if not kept:
+        raise LabelledDataError(f"{path}: no row with split {split!r}")
+    return kept
+
+
+class TimedJudge:
+    """A judge wrapper that counts the pairs it is asked about and the seconds its answers take."""
+
+    def __init__(self, judge: Any) -> None:
+        self.judge = judge
+        self.pairs = 0
+        self.seconds = 0.0
+
+    def judge_many(self, pairs: list[tuple[str, str]]) -> list[bool]:
+        t0 = time.perf_counter()
+        try:
+            return self.judge.judge_many(pairs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+            self.pairs += len(pairs)
+
+
 def score_labelled(
     rows: list[dict[str, Any]], extraction: str = "boxed", num_workers: int = 1, timeout_s: float = 5.0,
+    judge: Any = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(summary, per-row results) of scoring ``rows`` with a ``RewardScorer``."""
+    """(summary, per-row results) of scoring ``rows`` with a ``RewardScorer`` (and ``judge``, a
+    ``judge_many`` second opinion on the rule path's misses, when given)."""
     from ulorl.reward.scorer import RewardScorer
 
     items = [(r["response"], r["answer"], False, r.get("problem")) for r in rows]
-    with RewardScorer(timeout_s=timeout_s, num_workers=num_workers, extraction=extraction) as scorer:
+    timed = TimedJudge(judge) if judge is not None else None
+    with RewardScorer(timeout_s=timeout_s, num_workers=num_workers, extraction=extraction, judge=timed) as scorer:
         scorer.warmup()
         t0 = time.perf_counter()
         scores = scorer.score(items)
@@ -83,7 +126,7 @@ def score_labelled(
         by_src[src].append((scored, r["label"]))
         per_row.append({
             "source": src, "origin": r.get("origin"), "answer": r["answer"],
-            "extracted": extract_answer(r["response"], extraction), "score": s, "label": r["label"],
+            "extracted": extract_answer(r["response"], extraction, r.get("problem")), "score": s, "label": r["label"],
             "agree": scored == r["label"], "has_box": "\\boxed" in r["response"] or "\\fbox" in r["response"],
         })
     summary = _counts([(p["score"] >= 1.0, p["label"]) for p in per_row])
@@ -94,7 +137,30 @@ def score_labelled(
         "by_source": {k: _counts(v) for k, v in sorted(by_src.items())},
         "with_box": _counts(boxed), "scorer_stats": stats,
     })
+    if timed is not None:
+        calls = stats.get("judge_calls", 0)
+        summary["judge"] = {
+            "calls": calls, "flips": stats.get("judge_flips", 0), "seconds": timed.seconds,
+            "seconds_per_call": timed.seconds / calls if calls else None,
+            "calls_per_item": calls / len(rows) if rows else None,
+            "judge_stats": dict(getattr(judge, "stats", {}) or {}),
+        }
     return summary, per_row
+
+
+def score_modes(
+    rows: list[dict[str, Any]], modes: list[str], num_workers: int = 1, timeout_s: float = 5.0, judge: Any = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``score_labelled`` once per extraction mode: the first mode's summary, with ``by_extraction``
+    holding every mode's (the same fields, without per-row results); per-row results of all modes."""
+    summaries, all_rows = {}, []
+    for mode in modes:
+        summary, per_row = score_labelled(rows, mode, num_workers, timeout_s, judge)
+        summaries[mode] = summary
+        all_rows += [{"extraction": mode, **p} for p in per_row]
+    out = dict(summaries[modes[0]])
+    out["by_extraction"] = summaries
+    return out, all_rows
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -103,13 +169,20 @@ def format_summary(summary: dict[str, Any]) -> str:
         agr = f"{100 * c['agreement']:.2f}%" if c["agreement"] is not None else "-"
         return f"{name:<34} {c['n']:>6} {agr:>9} {c['false_positives']:>5} {c['false_negatives']:>5}"
 
-    out = [f"verifier agreement (extraction={summary['extraction']}, {summary['num_workers']} worker(s), "
-           f"{summary['items_per_s']:.1f} items/s)",
-           f"{'source':<34} {'n':>6} {'agree':>9} {'FP':>5} {'FN':>5}"]
-    for src, c in summary["by_source"].items():
-        out.append(line(src, c))
-    out.append(line("responses with a box", summary["with_box"]))
-    out.append(line("all", summary))
+    out = []
+    for s in (summary.get("by_extraction") or {summary["extraction"]: summary}).values():
+        out += [f"verifier agreement (extraction={s['extraction']}, {s['num_workers']} worker(s), "
+                f"{s['items_per_s']:.1f} items/s)",
+                f"{'source':<34} {'n':>6} {'agree':>9} {'FP':>5} {'FN':>5}"]
+        for src, c in s["by_source"].items():
+            out.append(line(src, c))
+        out.append(line("responses with a box", s["with_box"]))
+        out.append(line("all", s))
+        if s.get("judge"):
+            j = s["judge"]
+            per = f"{j['seconds_per_call']:.3f} s/call" if j["seconds_per_call"] is not None else "no calls"
+            out.append(f"judge: {j['calls']} calls ({j['calls_per_item']:.3f} per item), {j['flips']} flips, "
+                       f"{j['seconds']:.1f} s, {per}")
     return "\n".join(out)
 
 
@@ -120,8 +193,15 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     v.add_argument("labelled", nargs="?", default=None,
                    help="JSONL with response, answer, label (bool), optional problem and source")
-    v.add_argument("--extraction", choices=EXTRACTION_MODES, default="boxed",
-                   help="answer extraction: boxed (training default) | boxed_or_final (ulorl-eval default)")
+    v.add_argument("--extraction", choices=(*EXTRACTION_MODES, "all"), default="boxed",
+                   help="answer extraction: boxed (training default) | boxed_or_final (ulorl-eval default) | "
+                        "all (each mode in turn; the JSON's top level is the first, by_extraction has every mode)")
+    v.add_argument("--split", choices=SPLITS, default=None,
+                   help="score only the rows whose 'split' field is this (tune on dev, report on test)")
+    v.add_argument("--judge-model", default=None,
+                   help="generative judge (local path / HF id / 'embedded') asked about the rule path's misses")
+    v.add_argument("--judge-max-new-tokens", type=int, default=64, help="token budget of one judge answer")
+    v.add_argument("--judge-device", default="cpu", help="device of the judge model")
     v.add_argument("--workers", type=int, default=1, help="scorer worker processes")
     v.add_argument("--timeout-s", type=float, default=5.0, help="time bound of one rule check")
     v.add_argument("--json", action="store_true",
@@ -151,18 +231,43 @@ def run_cli(args: argparse.Namespace) -> int:
         print("ulorl-bench verifier: error: --workers must be >= 1 and --timeout-s > 0", file=sys.stderr)
         return 2
     try:
-        rows = load_labelled(args.labelled)
+        rows = select_split(load_labelled(args.labelled), args.split, args.labelled)
     except LabelledDataError as exc:
         print(f"ulorl-bench verifier: error: {exc}", file=sys.stderr)
         return 2
-    summary, per_row = score_labelled(rows, args.extraction, args.workers, args.timeout_s)
+    judge = None
+    if args.judge_model:
+        try:
+            judge = load_judge(args.judge_model, args.judge_device, args.judge_max_new_tokens)
+        except (ImportError, RuntimeError, OSError, ValueError) as exc:
+            print(f"ulorl-bench verifier: error: --judge-model {args.judge_model!r}: {exc}", file=sys.stderr)
+            return 2
+    modes = list(EXTRACTION_MODES) if args.extraction == "all" else [args.extraction]
+    summary, per_row = score_modes(rows, modes, args.workers, args.timeout_s, judge)
     summary["labelled"] = args.labelled
+    summary["split"] = args.split
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:
             for p in per_row:
                 fh.write(json.dumps(p, ensure_ascii=False) + "\n")
-    print(json.dumps(summary) if args.json else format_summary(summary))
+    if args.json:
+        emit_json(summary)
+    else:
+        print(format_summary(summary))
     return 0
+
+
+def load_judge(name: str, device: str = "cpu", max_new_tokens: int = 64) -> Any:
+    """A ``GenerativeJudge`` on model ``name`` (the platform's loader, an HF engine on ``device``)."""
+    from ulorl.config import RolloutConfig
+    from ulorl.models.loading import load_policy
+    from ulorl.reward.judge import GenerativeJudge
+    from ulorl.rollout.engines import make_engine
+
+    model, tok = load_policy(name, device=device)
+    engine = make_engine(RolloutConfig(engine="hf", device=device, segments=1, max_response_len=max_new_tokens),
+                         model, tok)
+    return GenerativeJudge(engine, tok, max_new_tokens=max_new_tokens)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

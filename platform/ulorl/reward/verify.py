@@ -68,13 +68,14 @@ def compute_reward(
     """Binary reward of one response: 1.0 iff not truncated and its final answer matches.
 
     ``extraction`` is ``boxed`` (training default: no box -> 0.0) or ``boxed_or_final`` (a final
-    answer statement when there is no box; ``ulorl.reward.extract``). An empty / unclosed last box
+    answer statement when there is no box, and with ``problem`` a closing sentence that names the
+    asked quantity; ``ulorl.reward.extract``). An empty / unclosed last box
     -> 0.0; truncated at the global max length -> 0.0 ("overlong = wrong", PAPER.md). Not
     time-bounded (see module doc).
     """
     if truncated:
         return 0.0
-    pred = extract_answer(response_text, extraction)
+    pred = extract_answer(response_text, extraction, problem)
     if not pred:
         return 0.0
     return 1.0 if verify_answer(pred, reference, problem) else 0.0

@@ -118,6 +118,7 @@ class RolloutStepResult:
     totals: dict[str, int] = field(default_factory=dict)
     dropped_samples: list[Sample] = field(default_factory=list)
     clipped: int = 0   # requests clipped at the engine's context limit (finished as truncated)
+    clipped_ids: frozenset[int] = frozenset()   # their sample ids (the length audit's fate "clipped")
 
     @property
     def released_groups(self) -> int:
@@ -369,6 +370,7 @@ class SegmentScheduler:
             totals=pools.counters(),
             dropped_samples=dropped,
             clipped=len(clipped_ids),
+            clipped_ids=frozenset(clipped_ids),
         )
 
     def _check_results(self, requests: list[GenerationRequest], results: list[GenerationResult]) -> None:

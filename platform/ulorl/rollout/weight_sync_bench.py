@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import sys
 import tempfile
@@ -37,6 +36,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 import torch
+
+from ulorl.config import RolloutConfig
+from ulorl.jsonout import emit_json
 
 MB = 1 << 20
 
@@ -267,6 +269,11 @@ def format_weight_sync(out: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- CLI
+def _config_bucket_mb() -> float:
+    """The experiment config's default bucket size, so the bench measures what training runs with."""
+    return float(RolloutConfig.model_fields["weight_sync_bucket_mb"].default)
+
+
 def add_weight_sync_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``weight-sync`` on ``ulorl-bench``'s subparsers."""
     w = sub.add_parser("weight-sync",
@@ -275,7 +282,8 @@ def add_weight_sync_parser(sub: Any) -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     w.add_argument("--engine", default="vllm", choices=["hf", "vllm"], help="engine to sync into (vllm: side venv)")
     w.add_argument("--size-mb", type=float, default=256.0, help="model size (MiB, float32, random weights)")
-    w.add_argument("--bucket-mb", type=float, default=128.0, help="bucket size of the bucketed path (MiB)")
+    w.add_argument("--bucket-mb", type=float, default=_config_bucket_mb(),
+                   help="bucket size of the bucketed path (MiB; default: rollout.weight_sync_bucket_mb's)")
     w.add_argument("--transport", default="shm", choices=["shm", "inline"],
                    help="bucketed path: buckets through /dev/shm files or inline in the RPC message")
     w.add_argument("--sample-ms", type=float, default=2.0, help="RSS sampling interval (ms)")
@@ -297,5 +305,8 @@ def run_weight_sync_cli(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"ulorl-bench weight-sync: error: {exc} (run --engine vllm from the vLLM side venv)", file=sys.stderr)
         return 1
-    print(json.dumps(out) if args.json else format_weight_sync(out))
+    if args.json:
+        emit_json(out)
+    else:
+        print(format_weight_sync(out))
     return 0

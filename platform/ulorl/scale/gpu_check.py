@@ -1,15 +1,18 @@
 """GPU validation run: time-bounded stages on random-weight models built locally (no downloads).
 
-    python -m ulorl.scale.gpu_check --out OUT.json            # the whole run, <= --budget-s (360 s)
-    python -m ulorl.scale.gpu_check --json                    # the same, one JSON object on stdout
+    python -m ulorl.scale.gpu_check --out OUT.json --allow-missing vllm,vllm_moe,ray   # <= --budget-s (300 s)
+    python -m ulorl.scale.gpu_check --json                    # one JSON object on stdout
     python -m ulorl.scale.gpu_check --device cpu --stages env,model,hf_engine,zero2   # test the script
 
-Every stage runs in its own child process with a time limit (``min(stage limit, budget left)``), so
+Every stage runs in its own child process with a time limit (``min(stage limit, budget left)``; the
+limits x3 with ``--device cpu``), so
 a hang, a crash or a CUDA out-of-memory fails that stage only and the run continues. A stage reports
 ``pass`` / ``fail`` / ``skipped`` (with the reason) and its numbers. Stages import only torch,
-transformers and wheels small enough to carry onto a machine without internet (this project,
-pydantic, DeepSpeed, liger-kernel); a stage whose dependency is absent (vLLM, Ray, MLflow) is
-skipped with the reason.
+transformers and wheels small enough to carry onto a machine without internet
+(``python -m ulorl.scale.gpu_wheels`` fetches them: pydantic, DeepSpeed, MLflow's skinny client with
+its SQL store, math-verify). A stage whose package is missing **fails**, unless ``--allow-missing``
+names the stage: then it is skipped with the reason. Nothing else is ever skipped: a stage the
+budget left no time for, or whose prerequisite (``model``) did not pass, fails.
 
 Stages (in order):
 
@@ -19,17 +22,24 @@ Stages (in order):
   zero2        DeepSpeed ZeRO-2 bf16, one rank: ``--steps`` UloRL updates, checkpoint save + load,
                weights exported (``state_dict_for_rollout`` + ``save_pretrained``) and decoded again
   zero3        the same under ZeRO-3 (parameters partitioned, gathered for the export)
-  long_rows    training memory of one micro-step on one row of 8k / 32k / 128k tokens for a
-               Qwen3-4B-shaped model with 1 and 2 layers (``ulorl.train.memory_bench.measure_micro_step``),
-               scaled linearly to the full 36 layers
+  long_update  the real update path on long rows: synthetic groups of two rows of 8k and of 32k tokens
+               (``--long-update-tokens``) through ``train.update`` (no-grad pass, then the clipped loss,
+               backward and one optimizer step) under DeepSpeed ZeRO-3 on one rank (nccl; gloo with
+               ``--device cpu``), bf16 autocast, gradient checkpointing, the chunked LM head through its
+               ZeRO-3 path, on a model with Qwen3-4B's hidden size, heads and vocabulary and
+               ``--long-update-layers`` layers; no rollout, no MLflow. Tokens/s and peak memory per length.
+  long_rows    (not in the default run) training memory of one micro-step on one row of 8k / 32k / 128k
+               tokens, a float32 stand-in without DeepSpeed (``ulorl.train.memory_bench``), Qwen3-4B width
+               with 1 and 2 layers, scaled linearly to 36 layers
   vllm         vLLM engine: greedy agreement with the HF engine, weight sync of a ~2 GB model
                (``VLLMEngine.update_weights``), prefix-cache reset, sleep / wake-up memory
   vllm_moe     a tiny Qwen3-MoE: its HF weight names load through vLLM's weight sync
   trainer      a ``--steps``-step ``Trainer`` run (deepspeed backend, MLflow into a temporary store)
   ray          a Ray actor on one GPU sees CUDA (placement path prerequisite)
 
-Exit status: 0 every stage passed or was skipped for a missing optional package, 1 a stage failed,
-2 no CUDA device is visible (every stage is then written as skipped with that reason).
+Exit status: 0 every stage passed (or was skipped because ``--allow-missing`` names it and its package
+is absent), 1 a stage failed, 2 no CUDA device is visible (every stage is then written as skipped
+with that reason).
 """
 
 from __future__ import annotations
@@ -49,21 +59,41 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, cast
 
+from ulorl.jsonout import emit_json, json_command
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-STAGES: tuple[str, ...] = ("env", "model", "hf_engine", "zero2", "zero3", "long_rows", "vllm", "vllm_moe",
-                           "trainer", "ray")
+STAGES: tuple[str, ...] = ("env", "model", "hf_engine", "zero2", "zero3", "long_update", "long_rows", "vllm",
+                           "vllm_moe", "trainer", "ray")
+#: the run without --stages (long_rows is a float32 stand-in that long_update replaces; run it by name)
+DEFAULT_STAGES: tuple[str, ...] = tuple(s for s in STAGES if s != "long_rows")
 NEEDS: dict[str, tuple[str, ...]] = {"hf_engine": ("model",), "zero2": ("model",), "zero3": ("model",),
                                      "vllm": ("model",), "trainer": ("model",)}
-# optional packages a stage cannot run without (skipped, not failed, when absent)
-OPTIONAL: dict[str, tuple[str, ...]] = {"zero2": ("deepspeed",), "zero3": ("deepspeed",), "vllm": ("vllm",),
-                                        "vllm_moe": ("vllm",), "trainer": ("deepspeed", "mlflow"), "ray": ("ray",)}
-LIMIT_S: dict[str, float] = {"env": 60, "model": 60, "hf_engine": 60, "zero2": 120, "zero3": 120, "long_rows": 150,
-                             "vllm": 200, "vllm_moe": 120, "trainer": 120, "ray": 90}
-DEFAULT_BUDGET_S = 360.0
+# packages (import names) a stage cannot run without: absent, the stage fails unless --allow-missing names it
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "model": ("pydantic",), "hf_engine": ("pydantic",), "zero2": ("pydantic", "deepspeed"),
+    "zero3": ("pydantic", "deepspeed"), "long_update": ("pydantic", "deepspeed"), "long_rows": ("pydantic",),
+    "vllm": ("pydantic", "vllm"), "vllm_moe": ("pydantic", "vllm"),
+    "trainer": ("pydantic", "deepspeed", "mlflow", "sqlalchemy", "alembic", "math_verify"), "ray": ("ray",)}
+LIMIT_S: dict[str, float] = {"env": 60, "model": 60, "hf_engine": 60, "zero2": 120, "zero3": 120,
+                             "long_update": 150, "long_rows": 150, "vllm": 200, "vllm_moe": 120, "trainer": 120,
+                             "ray": 90}
+DEFAULT_BUDGET_S = 300.0
+#: --device cpu (testing the script): stage limits scaled by this (a CPU is slower; nothing is timed there)
+CPU_LIMIT_FACTOR = 3.0
 LONG_ROW_LENGTHS = (8192, 32768, 131072)
 QWEN3_4B = {"vocab": 151936, "hidden": 2560, "layers": 36}
+#: model shapes of the long_update stage: Qwen3-4B's width / heads / vocabulary, and a small one to
+#: test the stage on a CPU (same code path)
+LONG_UPDATE_SHAPES: dict[str, dict[str, int]] = {
+    "qwen3-4b": {"vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "head_dim": 128},
+    "small": {"vocab_size": 4096, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32},
+}
+DEFAULT_LONG_UPDATE_TOKENS = (8192, 32768)
+DEFAULT_LONG_UPDATE_LAYERS = 4
 
 
 def _present(module: str) -> bool:
@@ -77,7 +107,9 @@ def _present(module: str) -> bool:
 
 
 class StageContext:
-    def __init__(self, work: Path, device: str, steps: int, long_row_path: str) -> None:
+    def __init__(self, work: Path, device: str, steps: int, long_row_path: str,
+                 long_update_tokens: tuple[int, ...] = DEFAULT_LONG_UPDATE_TOKENS,
+                 long_update_layers: int = DEFAULT_LONG_UPDATE_LAYERS, long_update_shape: str = "qwen3-4b") -> None:
         import torch
 
         self.work = work
@@ -85,6 +117,9 @@ class StageContext:
         self.on_cuda = self.device.type == "cuda"
         self.steps = steps
         self.long_row_path = long_row_path
+        self.long_update_tokens = long_update_tokens
+        self.long_update_layers = long_update_layers
+        self.long_update_shape = long_update_shape
         self.model_dir = work / "model"
 
     def sync(self) -> None:
@@ -293,6 +328,97 @@ def stage_long_rows(ctx: StageContext) -> dict[str, Any]:
     return out
 
 
+def long_update_samples(vocab: int, tokens: int, prompt: int = 64, seed: int = 0) -> list[Any]:
+    """One group of two rows of ``tokens`` tokens (``prompt`` of them the shared prompt), rewards 1 and 0."""
+    import torch
+
+    from ulorl.rollout.types import Sample, SampleStatus, SegmentSpan
+
+    g = torch.Generator().manual_seed(seed)
+    p = torch.randint(3, vocab, (prompt,), generator=g).tolist()
+    n = tokens - prompt
+    return [Sample(sample_id=k, group_id=0, prompt_ids=p,
+                   response_ids=torch.randint(3, vocab, (n,), generator=g).tolist(), sampling_logprobs=[-1.0] * n,
+                   segments=[SegmentSpan(0, n, 0)], status=SampleStatus.FINISHED, reward=float(k == 0))
+            for k in range(2)]
+
+
+def _peak_gib(ctx: StageContext) -> float:
+    """Peak memory since the last reset: CUDA allocated on a GPU, the process' peak RSS on a CPU."""
+    import resource
+
+    import torch
+
+    if ctx.on_cuda:
+        return torch.cuda.max_memory_allocated(ctx.device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def stage_long_update(ctx: StageContext) -> dict[str, Any]:
+    """``train.update`` on long rows under DeepSpeed ZeRO-3 (module docstring): per length, the
+    no-grad pass (``prepare_update``) and the training pass + optimizer step (``apply_update``)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from ulorl.algo.chunked_lm_head import is_zero3_param
+    from ulorl.config import config_from_dict
+    from ulorl.train.deepspeed_backend import DeepSpeedBackend
+    from ulorl.train.update import UpdateResult, apply_update, prepare_update
+
+    shape = LONG_UPDATE_SHAPES[ctx.long_update_shape]
+    longest = max(ctx.long_update_tokens)
+    cfg = config_from_dict({
+        "rollout": {"device": str(ctx.device), "temperature": 1.0},
+        "algo": {"dynamic_sampling": True},
+        "train": {"backend": "deepspeed", "bf16": True, "lr": 1e-6, "micro_batch_tokens": longest,
+                  "updates_per_step": 1, "logprob_path": "chunked", "gradient_checkpointing": True,
+                  "deepspeed": {"zero_stage": 3}},
+    })
+    mcfg = Qwen3Config(**cast(dict[str, Any], shape), num_hidden_layers=ctx.long_update_layers,
+                       tie_word_embeddings=True, max_position_embeddings=max(40960, longest))
+    t0 = time.perf_counter()
+    with torch.device(ctx.device):
+        model = Qwen3ForCausalLM._from_config(mcfg, dtype=torch.bfloat16)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    n_params = sum(p.numel() for p in model.parameters())
+    backend = DeepSpeedBackend(model, cfg.train, rollout_copy=False)
+    init_s = time.perf_counter() - t0
+    head = cast(Any, backend.module).get_output_embeddings()
+    if not is_zero3_param(head.weight):
+        raise RuntimeError("the LM head weight is not ZeRO-3 partitioned: the chunked head's ZeRO-3 path is not used")
+    out: dict[str, Any] = {"shape": ctx.long_update_shape, **shape, "layers": ctx.long_update_layers,
+                           "params_m": round(n_params / 1e6, 1), "init_s": round(init_s, 2), "rows_per_update": 2}
+    for tokens in ctx.long_update_tokens:
+        samples = long_update_samples(shape["vocab_size"], tokens)
+        if ctx.on_cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+        ctx.sync()
+        t0 = time.perf_counter()
+        prep = prepare_update(samples, backend, cfg.algo, cfg.train, 1.0, 0, ctx.device)
+        ctx.sync()
+        t1 = time.perf_counter()
+        if isinstance(prep, UpdateResult):
+            raise RuntimeError(f"{tokens} tokens: nothing to train on: {prep.reason}")
+        res = apply_update(prep, backend, cfg.algo, cfg.train, 1.0, ctx.device)
+        ctx.sync()
+        t2 = time.perf_counter()
+        if not res.updated:
+            raise RuntimeError(f"{tokens} tokens: update refused: {res.reason}")
+        norm = res.metrics["train/grad_norm"]
+        if not (math.isfinite(norm) and norm > 0):
+            raise RuntimeError(f"{tokens} tokens: gradient norm {norm}")
+        total = 2 * tokens
+        out[f"tokens_{tokens}"] = {
+            "no_grad_s": round(t1 - t0, 3), "train_step_s": round(t2 - t1, 3),
+            "no_grad_tok_per_s": round(total / (t1 - t0), 1), "train_tok_per_s": round(total / (t2 - t1), 1),
+            "update_tok_per_s": round(total / (t2 - t0), 1), "peak_gib": round(_peak_gib(ctx), 3),
+            "peak_kind": "cuda max_memory_allocated" if ctx.on_cuda else "process peak RSS (since start)",
+            "grad_norm": round(norm, 4), "entropy": round(res.metrics["train/entropy"], 4),
+        }
+    return out
+
+
 def _vllm_engine(ctx: StageContext, model_dir: Path, **kw: Any) -> Any:
     from ulorl.rollout.engines.vllm import VLLMEngine
 
@@ -460,17 +586,19 @@ def stage_ray(ctx: StageContext) -> dict[str, Any]:
 
 STAGE_FNS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
     "env": stage_env, "model": stage_model, "hf_engine": stage_hf_engine, "zero2": stage_zero2, "zero3": stage_zero3,
-    "long_rows": stage_long_rows, "vllm": stage_vllm, "vllm_moe": stage_vllm_moe, "trainer": stage_trainer,
+    "long_update": stage_long_update, "long_rows": stage_long_rows,
+    "vllm": stage_vllm, "vllm_moe": stage_vllm_moe, "trainer": stage_trainer,
     "ray": stage_ray,
 }
 
 
-def run_stage_here(name: str, work: Path, device: str, steps: int, long_row_path: str, result: Path) -> int:
+def run_stage_here(name: str, work: Path, args: argparse.Namespace, result: Path) -> int:
     """Child-process body: run one stage, write its record to ``result``."""
     import torch
 
     torch.manual_seed(0)
-    ctx = StageContext(work, device, steps, long_row_path)
+    ctx = StageContext(work, args.device, args.steps, args.long_row_path, _lengths(args.long_update_tokens),
+                       args.long_update_layers, args.long_update_shape)
     t0 = time.perf_counter()
     try:
         info = STAGE_FNS[name](ctx) or {}
@@ -505,7 +633,8 @@ def run_child(name: str, work: Path, args: argparse.Namespace, limit_s: float) -
     result.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "ulorl.scale.gpu_check", "--run-stage", name, "--work", str(work),
            "--device", args.device, "--steps", str(args.steps), "--long-row-path", args.long_row_path,
-           "--result", str(result)]
+           "--long-update-tokens", args.long_update_tokens, "--long-update-layers", str(args.long_update_layers),
+           "--long-update-shape", args.long_update_shape, "--result", str(result)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -525,6 +654,20 @@ def run_child(name: str, work: Path, args: argparse.Namespace, limit_s: float) -
     return rec
 
 
+def _lengths(text: str) -> tuple[int, ...]:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+
+
+def _fail(name: str, error: str) -> dict[str, Any]:
+    return {"stage": name, "status": "fail", "ok": False, "error": error}
+
+
+def missing_packages(name: str) -> list[str]:
+    """Import names ``name`` needs that this Python cannot find."""
+    return [m for m in REQUIRES.get(name, ()) if not _present(m)]
+
+
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ulorl.scale.gpu_check", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -533,26 +676,44 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="write the report (every stage with its status and numbers) to this JSON file")
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu (to test this script on a CPU machine)")
-    ap.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    ap.add_argument("--stages", default=",".join(DEFAULT_STAGES),
+                    help=f"comma-separated subset of {','.join(STAGES)} (default: all but long_rows)")
+    ap.add_argument("--allow-missing", default="",
+                    help="comma-separated stages that may be skipped when a package they need is not installed "
+                         "(any other stage with a missing package fails), e.g. vllm,vllm_moe,ray")
     ap.add_argument("--steps", type=int, default=3, help="optimizer steps in the zero2 / zero3 / trainer stages")
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                     help="wall-clock budget of the whole run; a stage gets min(its own limit, what is left)")
     ap.add_argument("--long-row-path", default="chunked",
                     help="the log-prob path measure_micro_step measures in the long_rows stage")
+    ap.add_argument("--long-update-tokens", default=",".join(str(t) for t in DEFAULT_LONG_UPDATE_TOKENS),
+                    help="long_update: comma-separated row lengths (two rows each)")
+    ap.add_argument("--long-update-layers", type=int, default=DEFAULT_LONG_UPDATE_LAYERS,
+                    help="long_update: decoder layers of the Qwen3-4B-wide model")
+    ap.add_argument("--long-update-shape", choices=sorted(LONG_UPDATE_SHAPES), default="qwen3-4b",
+                    help="long_update: qwen3-4b (width, heads, vocabulary of Qwen3-4B) or small (to test on a CPU)")
     ap.add_argument("--keep", type=Path, help="keep the models, checkpoints and MLflow store here")
     ap.add_argument("--run-stage", help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    try:
+        lengths = _lengths(args.long_update_tokens)
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 128 or args.long_update_layers < 1:
+        ap.error(f"--long-update-tokens {args.long_update_tokens!r}: comma-separated lengths >= 128; "
+                 f"--long-update-layers >= 1 (got {args.long_update_layers})")
     if args.run_stage:
-        return run_stage_here(args.run_stage, args.work, args.device, args.steps, args.long_row_path, args.result)
+        return run_stage_here(args.run_stage, args.work, args, args.result)
 
     import torch
 
     wanted = [s.strip() for s in args.stages.split(",") if s.strip()]
-    unknown = [s for s in wanted if s not in STAGES]
+    allowed = {s.strip() for s in args.allow_missing.split(",") if s.strip()}
+    unknown = [s for s in [*wanted, *sorted(allowed)] if s not in STAGES]
     if unknown:
-        ap.error(f"unknown stage(s) {unknown}; choose from {','.join(STAGES)}")
+        ap.error(f"unknown stage(s) {unknown} in --stages / --allow-missing; choose from {','.join(STAGES)}")
     stages: list[dict[str, Any]] = []
     t_start = time.perf_counter()
     on_cuda = args.device.startswith("cuda")
@@ -567,18 +728,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="ulorl-gpu-check-"))
         work.mkdir(parents=True, exist_ok=True)
         for name in wanted:
-            missing = [m for m in OPTIONAL.get(name, ()) if not _present(m)]
+            missing = missing_packages(name)
             failed = [n for n in NEEDS.get(name, ())
                       if not any(s["stage"] == n and s["status"] == "pass" for s in stages)]
             left = args.budget_s - (time.perf_counter() - t_start)
-            if missing:
-                rec = _skip(name, f"{', '.join(missing)} not installed")
+            if missing and name in allowed:
+                rec = _skip(name, f"{', '.join(missing)} not installed (allowed by --allow-missing)")
+            elif missing:
+                rec = _fail(name, f"{', '.join(missing)} not installed: carry the wheels "
+                                  f"(python -m ulorl.scale.gpu_wheels) or pass --allow-missing {name}")
             elif failed:
-                rec = _skip(name, f"needs {', '.join(failed)}")
+                rec = _fail(name, f"needs stage {', '.join(failed)} to pass first (not run or failed)")
             elif left < 10:
-                rec = _skip(name, f"run budget of {args.budget_s:.0f} s spent")
+                rec = _fail(name, f"run budget of {args.budget_s:.0f} s spent before this stage")
             else:
-                rec = run_child(name, work, args, min(LIMIT_S[name], left))
+                limit = LIMIT_S[name] * (1.0 if on_cuda else CPU_LIMIT_FACTOR)
+                rec = run_child(name, work, args, min(limit, left))
                 rec["ok"] = rec["status"] == "pass"
             stages.append(rec)
             _emit(rec, args.json)
@@ -595,7 +760,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1, default=str))
     if args.json:
-        print(json.dumps(report, default=str))
+        emit_json(report, default=str)
     elif not no_cuda:
         print(f"gpu_check: {'no stage failed' if ok else 'FAILED'} in {report['wall_s']} s"
               + (f" (report {args.out})" if args.out else ""))

@@ -223,6 +223,8 @@ class RemoteEngine:
     (one per engine, order kept), weights go to every engine."""
 
     def __init__(self, handles: list[Any], eos_token_id: int, bucket_mb: float = 256.0) -> None:
+        import ray
+
         if not handles:
             raise ValueError("RemoteEngine needs at least one engine actor")
         self.handles = handles
@@ -232,6 +234,16 @@ class RemoteEngine:
         self.bucket_bytes = int(bucket_mb * (1 << 20))
         self.last_update_messages = 0
         self.last_update_bytes = 0
+        described = ray.get([h.describe.remote() for h in handles])
+        # the scheduler's context guard reads max_model_len: the smallest engine's (None: no limit)
+        limits = [d["max_model_len"] for d in described if d["max_model_len"] is not None]
+        self.max_model_len: Optional[int] = min(limits) if limits else None
+        # colocated engines sleep during the policy update (trainer) and wake with the weight push
+        self.colocate = any(d["colocate"] for d in described)
+        self.asleep = False
+        self.described = described
+        self.weight_transfer = described[0]["weight_transfer"]
+        self._senders: Optional[list[Any]] = None
 
     def generate(self, requests: list[Any], sampling: Any) -> list[Any]:
         import ray
@@ -279,6 +291,56 @@ class RemoteEngine:
             raise RuntimeError(f"engine actors loaded different tensor counts: {loaded}")
         self.policy_version = int(version)
         self.last_update_messages, self.last_update_bytes = messages, nbytes
+        self.asleep = False   # each actor's engine woke for its load
+
+    def update_weights_from(self, stream_factory: Callable[[], Iterable[tuple[str, Any]]], version: int) -> None:
+        """One weight update from fresh full-weight streams (``backend.named_weights_for_rollout``).
+
+        ``stream``: bucketed through Ray (``update_weights_streamed``). ``nccl``: vLLM's trainer-side
+        NCCL sender runs HERE, in the trainer's rank 0 with its own GPU (vLLM examples/rl/rlhf_nccl.py),
+        one sender per engine actor on its own port, driving the actor through vLLM's own
+        ``RayVLLMWeightSyncClient``; each round reads the stream twice (metadata, then the tensors
+        moved to this GPU).
+        """
+        import ray
+
+        if self.weight_transfer == "stream":
+            self.update_weights_streamed(stream_factory(), version)
+            return
+        if self._senders is None:
+            self._senders = self._nccl_senders()
+        for sender in self._senders:
+            sender.send(stream_factory)
+        ray.get([h.update_weight_version.remote(str(version)) for h in self.handles])
+        self.policy_version = int(version)
+        self.asleep = False
+
+    def _nccl_senders(self) -> list[Any]:
+        import ray
+        import torch
+        from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
+
+        from ulorl.rollout.checkpoint_names import conversion_model
+        from ulorl.rollout.engines.vllm import NativeSender, native_transfer_problem, nccl_init_infos
+        from ulorl.train.distributed import free_port
+
+        problem = native_transfer_problem(self.weight_transfer, in_trainer_process=False, world_size=1,
+                                          tensor_parallel_size=1, colocate=self.colocate)
+        if problem:
+            raise ValueError(problem)
+        device = torch.device("cuda", torch.cuda.current_device())
+        infos = nccl_init_infos([d["tensor_parallel_size"] for d in self.described], bucket_bytes=self.bucket_bytes,
+                                master_address=ray.util.get_node_ip_address(), port=free_port)
+        names_model = conversion_model(self.described[0]["model"])
+        return [NativeSender("nccl", info, RayVLLMWeightSyncClient(h), [None], names_model, device)
+                for h, info in zip(self.handles, infos)]
+
+    def sleep(self) -> None:
+        """Colocated engines: every actor's engine frees its GPU memory until the next weight push."""
+        import ray
+
+        ray.get([h.sleep.remote() for h in self.handles])
+        self.asleep = True
 
 
 def _sum_stats(stats: list[Any]) -> Any:
@@ -312,23 +374,81 @@ class EngineActor:
         import torch
 
         from ulorl.config import config_from_dict
+        from ulorl.rollout.engine_config import engine_rollout_config
         from ulorl.rollout.engines import make_engine
-        from ulorl.train.worker import load_model
+        from ulorl.train.worker import engine_policy
 
         torch.set_num_threads(threads)
         cfg = config_from_dict(cfg_dict)
-        model, tok = load_model(cfg, cfg.rollout.device)
-        self.engine = make_engine(cfg.rollout, model, tok)
+        # vllm: the policy's config only (vLLM loads the checkpoint on this actor's GPU itself; HF weights
+        # materialised here first would leave it too little free memory to start); hf: the whole model
+        model, tok = engine_policy(cfg)
+        # engine_rollout_config: tensor_parallel_size from resources.gpus_per_engine, the engine context
+        self._updates, self._updating = 0, False   # weight updates finished / one in flight (describe)
+        self.rollout_cfg = engine_rollout_config(cfg)
+        self.engine: Any = make_engine(self.rollout_cfg, model, tok, in_trainer_process=False)  # vLLM methods too
 
     def info(self) -> dict[str, Any]:
         return _node_info()
 
+    def describe(self) -> dict[str, Any]:
+        """What the trainer's ``RemoteEngine`` mirrors: the engine's context limit and colocation."""
+        limit = getattr(self.engine, "max_model_len", None)
+        llm_kwargs = getattr(self.engine, "llm_kwargs", None) or {}
+        return {"policy_version": int(getattr(self.engine, "policy_version", 0)), "updates": self._updates,
+                "updating": self._updating,
+                "max_model_len": int(limit) if limit is not None else None,
+                "colocate": bool(getattr(self.engine, "colocate", False)),
+                "weight_transfer": str(getattr(self.engine, "weight_transfer", "stream")),
+                "tensor_parallel_size": int(getattr(self.engine, "tensor_parallel_size", 1)),
+                "model": llm_kwargs.get("model")}
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def close(self) -> None:
+        """Stop the engine's own processes (vLLM's engine core and workers are children of this actor:
+        ``ray.kill`` alone leaves them running, holding their memory)."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
+
+    # vLLM's weight-sync protocol (``VLLMWeightSyncClient``, the methods of its offline ``LLM``): the
+    # trainer's rank 0 drives native transfer through vLLM's own ``RayVLLMWeightSyncClient`` over this actor
+    def init_weight_transfer_engine(self, request: Any) -> None:
+        self.engine.llm.init_weight_transfer_engine(request)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.engine.llm.shutdown_weight_transfer_engine()
+
+    def start_weight_update(self) -> None:
+        if getattr(self.engine, "asleep", False):
+            self.engine.llm.wake_up(tags=["weights"])
+        self.engine.llm.start_weight_update()
+
+    def update_weights(self, request: Any, version: Optional[int] = None) -> None:
+        if version is not None:           # the Engine protocol's full state-dict update
+            self.engine.update_weights(request, version)
+        else:                             # a native-transfer round (the trainer broadcasts meanwhile)
+            self.engine.llm.update_weights(request)
+
+    def finish_weight_update(self) -> None:
+        self.engine.llm.finish_weight_update()
+
+    def update_weight_version(self, version: str) -> None:
+        """End of a native round: wake the KV cache, drop the prefix cache, record the version."""
+        eng = self.engine
+        if getattr(eng, "asleep", False):
+            eng.llm.wake_up(tags=["kv_cache"])
+            eng.asleep = False
+        if not eng.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
+        eng.policy_version = int(version)
+        self._updates += 1
+
     def generate(self, requests: list[Any], sampling: Any) -> tuple[list[Any], Any]:
         results = self.engine.generate(requests, sampling)
         return results, getattr(self.engine, "last_stats", None)
-
-    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        self.engine.update_weights(state_dict, version)
 
     # streamed update: the trainer pushes buckets; a streaming engine (vLLM) consumes them as they come
     # in a background thread (one bucket queued at a time), any other engine gets them as one dict
@@ -336,6 +456,7 @@ class EngineActor:
         import queue
         import threading
 
+        self._updating = True
         self._bucket_queue: Any = queue.Queue(maxsize=1)
         self._loaded = 0
         self._error: BaseException | None = None
@@ -372,6 +493,8 @@ class EngineActor:
         if self._error is None:
             self._bucket_queue.put(None)
         self._consumer.join()
+        self._updating = False
+        self._updates += 1
         if self._error is not None:
             raise RuntimeError("the engine's streamed weight update failed") from self._error
         return self._loaded
@@ -512,6 +635,7 @@ def run_placement(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from ulorl.tracking import resolve_tracking_uri
+    from ulorl.tracking.credentials import current_credentials
     from ulorl.train.trainer import default_run_dir, find_resume_dir
 
     uri = resolve_tracking_uri(tracking_uri, cfg.tracking.uri)
@@ -531,6 +655,7 @@ def run_placement(
     started, addr = _start_ray(address)
     own_pg = None
     actors: list[Any] = []
+    engines_made: list[Any] = []
     try:
         pg = _current_trial_pg(len(bundles))
         offset = 1 if pg is not None else 0
@@ -553,8 +678,10 @@ def run_placement(
         engine_cls = ray.remote(EngineActor)
         trainer_cls = ray.remote(TrainerActor)
         # Any: Ray types an actor handle's methods as plain callables, without their .remote
-        engines: list[Any] = [engine_cls.options(**opts(n + j)).remote(cfg_dict, actor_threads(r.cpus_per_engine))
-                   for j in range(m)]
+        # named (ulorl-engine-<j>-<pid>): a diagnostic can reach an engine during the run
+        engines: list[Any] = [engine_cls.options(name=f"ulorl-engine-{j}-{os.getpid()}", **opts(n + j)).remote(
+            cfg_dict, actor_threads(r.cpus_per_engine)) for j in range(m)]
+        engines_made = engines
         workers: list[Any] = [trainer_cls.options(**opts(i)).remote() for i in range(n)]
         actors = engines + workers
         trainer_info = ray.get([w.info.remote() for w in workers])
@@ -578,6 +705,7 @@ def run_placement(
             kwargs = {"run_dir": str(rdir), "tracking_uri": uri, **({"resume": str(rdir)} if resume and i == 0 else {})}
             if i == 0:
                 kwargs.update(trainer_kwargs)
+                env.update(current_credentials())  # rank 0 writes to MLflow; in the call, never in a logged runtime_env
             futures.append(w.run.remote(cfg_dict, env, kwargs, engines if i == 0 else [], queue if i == 0 else None))
 
         logged = False
@@ -612,6 +740,11 @@ def run_placement(
                                interrupted=out["interrupted"], tracking_uri=out["tracking_uri"], params=params,
                                last_metrics=out["last_metrics"])
     finally:
+        if engines_made:
+            try:   # engines first: their vLLM processes are children a ray.kill would orphan
+                ray.get([e.close.remote() for e in engines_made], timeout=120)
+            except Exception:  # an engine that failed to start or is gone: kill it below
+                pass
         for a in actors:
             try:
                 ray.kill(a)

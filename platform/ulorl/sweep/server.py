@@ -35,6 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
+from ulorl.tracking.store import prepare_store
 from ulorl.tracking.uri import artifact_root_for
 
 ADMIN_USER = "ulorl-admin"
@@ -112,6 +113,7 @@ class MlflowServer:
         return cmd
 
     def start(self, timeout_s: float = 90.0) -> None:
+        prepare_store(self.store)  # a clear error for a read-only store; tables created once, under a lock
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             env.pop(k, None)

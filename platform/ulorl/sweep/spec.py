@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ulorl.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict, known_keys, read_yaml
 
@@ -100,7 +100,8 @@ class Baseline(_S):
 
     name: str = Field("baseline", description="label of the baseline trial (run name and ranking)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="dotted experiment keys of the baseline")
-    seeds: int = Field(2, ge=1, le=5, description="seed offsets 0..seeds-1 for the baseline and the best trial")
+    seeds: int = Field(2, ge=1, le=10, description="seed offsets 0..seeds-1 for the baseline and the best trial "
+                       "(the spec's seed_offsets replaces them)")
 
 
 class Reference(_S):
@@ -144,6 +145,10 @@ class SweepSpec(_S):
     variants: list[Variant] = Field(default_factory=list)
     repeats: int = Field(1, ge=1, description="seeds per configuration: repeat r adds r to data.seed (prompt order), "
                          "rollout.seed and train.seed; data.task.seed (which problems exist) never changes")
+    seed_offsets: Optional[list[int]] = Field(
+        None, description="the seed offsets to run, e.g. '3-7', '0,2' or [3, 4]: replaces 0..repeats-1 (grid) and "
+        "0..baseline.seeds-1 (baseline; the best trial is re-run on the offsets other than 0), so seeds can be added "
+        "in chunks (ulorl-sweep --seeds 3-7); results of the chunks pair by their seeds")
     tags: dict[str, str] = Field(default_factory=dict)
     search: SearchConfig = SearchConfig()
     metric: Union[str, list[str]] = "eval/heldout/avg_at_k"
@@ -159,8 +164,17 @@ class SweepSpec(_S):
     references: list[Reference] = Field(default_factory=list, description="more reference trials outside the "
                                         "searcher (e.g. the S = 1 run of the speedup)")
 
+    @field_validator("seed_offsets", mode="before")
+    @classmethod
+    def _offsets(cls, v: Any) -> Any:
+        return None if v is None else parse_seed_offsets(v)
+
     @model_validator(mode="after")
     def _checks(self) -> SweepSpec:
+        if self.seed_offsets is not None and "repeats" in self.model_fields_set \
+                and self.repeats != len(self.seed_offsets):
+            raise ValueError(f"repeats ({self.repeats}) and seed_offsets ({len(self.seed_offsets)} offsets) disagree; "
+                             "give seed_offsets alone")
         metrics = self.metric if isinstance(self.metric, list) else [self.metric]
         modes = self.mode if isinstance(self.mode, list) else [self.mode]
         if len(metrics) != len(modes):
@@ -187,6 +201,25 @@ class SweepSpec(_S):
         """The S = 1 reference of the speedup, if the spec names one."""
         return next((r for r in self.references if r.purpose == "speedup"), None)
 
+    def reference_offsets(self, ref: Reference) -> list[int]:
+        """Seed offsets of a reference trial: 0..ref.seeds-1, those among ``seed_offsets`` when given
+        (a chunk of later seeds, ``--seeds 3-7``, runs no reference again)."""
+        own = list(range(ref.seeds))
+        return own if self.seed_offsets is None else [o for o in own if o in self.seed_offsets]
+
+    @property
+    def offsets(self) -> list[int]:
+        """Seed offsets of the grid's repeats: ``seed_offsets``, else 0..repeats-1."""
+        return list(self.seed_offsets) if self.seed_offsets is not None else list(range(self.repeats))
+
+    @property
+    def baseline_offsets(self) -> list[int]:
+        """Seed offsets of the baseline trial (the best trial is re-run on those other than 0):
+        ``seed_offsets``, else 0..baseline.seeds-1; [] without a baseline."""
+        if self.baseline is None:
+            return []
+        return list(self.seed_offsets) if self.seed_offsets is not None else list(range(self.baseline.seeds))
+
     @property
     def metrics(self) -> list[str]:
         return self.metric if isinstance(self.metric, list) else [self.metric]
@@ -194,6 +227,57 @@ class SweepSpec(_S):
     @property
     def modes(self) -> list[str]:
         return list(self.mode) if isinstance(self.mode, list) else [self.mode]
+
+
+def parse_seed_offsets(value: Any) -> list[int]:
+    """Seed offsets from ``"3-7"``, ``"0,2,5"``, ``"1-2,6"``, an int or a list of ints; sorted, distinct,
+    each >= 0. ``parse_seed_offsets("3-5,8") == [3, 4, 5, 8]``."""
+    if isinstance(value, bool):
+        raise ValueError(f"seed offsets: expected e.g. '3-7', '0,2' or a list of integers, got {value!r}")
+    if isinstance(value, int):
+        items: list[Any] = [value]
+    elif isinstance(value, str):
+        items = [p.strip() for p in value.split(",") if p.strip()]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ValueError(f"seed offsets: expected e.g. '3-7', '0,2' or a list of integers, got {value!r}")
+    out: set[int] = set()
+    for it in items:
+        try:
+            if isinstance(it, str) and "-" in it.strip("-"):
+                lo, hi = (int(x) for x in it.split("-", 1))
+                if lo > hi:
+                    raise ValueError
+                out.update(range(lo, hi + 1))
+            elif isinstance(it, bool) or not isinstance(it, (int, str)):
+                raise ValueError
+            else:
+                out.add(int(it))
+        except ValueError:
+            raise ValueError(f"seed offsets: cannot read {it!r} (use e.g. '3-7', '0,2' or integers)") from None
+    if not out or min(out) < 0:
+        raise ValueError(f"seed offsets must be integers >= 0, at least one, got {value!r}")
+    return sorted(out)
+
+
+def with_seed_offsets(spec: SweepSpec, offsets: Any) -> SweepSpec:
+    """``spec`` running the seed ``offsets`` (see :func:`parse_seed_offsets`) instead of its own; the
+    ``ulorl-sweep --seeds`` override."""
+    try:
+        parsed = parse_seed_offsets(offsets)
+    except ValueError as exc:
+        raise SweepError(f"--seeds: {exc}") from None
+    return spec.model_copy(update={"seed_offsets": parsed})
+
+
+def check_resume_offsets(saved: Optional[list[int]], spec: SweepSpec) -> None:
+    """``--resume`` must run the seed offsets the interrupted launch ran (its trial grid depends on them)."""
+    if saved is not None and list(saved) != list(spec.seed_offsets or []):
+        raise SweepError(f"--resume: this sweep was started with --seeds {','.join(map(str, saved))}; resume it with "
+                         "the same --seeds")
+    if saved is None and spec.seed_offsets is not None:
+        raise SweepError("--resume: this sweep was started without --seeds (or by an older ulorl); resume it without")
 
 
 def _errors(err: ValidationError, source: str) -> str:
@@ -246,6 +330,11 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
     except ConfigError as exc:
         raise SweepError(f"{p}: base: {exc}") from None
     base.setdefault("name", base_path.stem)
+    if not spec.space and (spec.search.algorithm == "optuna" or (not spec.variants and spec.repeats == 1)):
+        # optuna ignores repeats; a grid varies through space, variants or repeats
+        raise SweepError(f"{p}: space is empty, so every trial would run the same configuration; add a key to "
+                         "space (e.g. algo.mpt.tau: {choice: [0.9, 0.99]}), or with search: {algorithm: grid} "
+                         "list variants or set repeats > 1")
     fixed = dict(spec.overrides)
     if spec.stop.steps:
         fixed["train.max_steps"] = spec.stop.steps
@@ -272,6 +361,10 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
         ref_cfg = _validate_with(base, {**fixed, **ref.overrides}, f"references[{i}] ({ref.name})", str(p))
         if ref.purpose == "speedup":
             _check_speed_reference(ref, i, ref_cfg, fixed_cfg, spec, str(p))
+    split = [m for m in spec.metrics if m.startswith("eval/") and m.split("/")[1].endswith(("_select", "_confirm"))]
+    if split and not fixed_cfg.eval.select_problems and "eval.select_problems" not in spec.space:
+        raise SweepError(f"{p}: metric {split[0]} needs the held-out split: set eval.select_problems (e.g. half of "
+                         "eval.num_problems) in overrides")
     if spec.metrics == ["eval/heldout/avg_at_k"] and fixed_cfg.eval.every == 0 and "eval.every" not in spec.space:
         raise SweepError(f"{p}: metric eval/heldout/avg_at_k needs periodic evaluation (eval.every > 0 in the base)")
     return spec, base_path, base
@@ -352,7 +445,7 @@ def grid_trials(spec: SweepSpec) -> list[dict[str, Any]]:
     grid = [v for v in values if v is not None]   # all of them (checked above)
     variants = spec.variants or [Variant(name="")]
     out = []
-    for rep in range(spec.repeats):
+    for rep in spec.offsets:
         for var in variants:
             for combo in itertools.product(*grid) if keys else [()]:
                 out.append({"variant": var.name, "overrides": {**var.overrides, **dict(zip(keys, combo))},

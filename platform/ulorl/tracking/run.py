@@ -19,6 +19,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 import ulorl
+from ulorl.tracking.store import prepare_store
 from ulorl.tracking.uri import artifact_root_for
 
 MAX_BATCH = 900  # MLflow caps a log_batch at 1000 metrics
@@ -91,6 +92,7 @@ class RunTracker:
         tags: dict[str, str],
         parent_run_id: Optional[str] = None,
     ) -> RunTracker:
+        prepare_store(uri)
         client = MlflowClient(tracking_uri=uri)
         exp_id = get_or_create_experiment(client, experiment, uri)
         all_tags = {**hardware_tags(), "ulorl.git_commit": git_commit(), **tags}
@@ -103,6 +105,7 @@ class RunTracker:
 
     @classmethod
     def resume(cls, uri: str, run_id: str) -> RunTracker:
+        prepare_store(uri)
         client = MlflowClient(tracking_uri=uri)
         client.update_run(run_id, status="RUNNING")
         return cls(client, run_id)

@@ -48,8 +48,11 @@ EXTRACTION_TAG = "ulorl.reward_extraction"
 TRAIN_METRICS: tuple[str, ...] = (
     "train/reward_mean", "train/entropy", "train/pg_loss", "train/clip_frac", "train/ratio_mean",
     "train/mpt_frac", "train/masked_frac", "train/mask_active_frac", "train/groups", "train/samples",
-    "train/tokens", "train/grad_norm",
+    "train/tokens", "train/grad_norm", "train/nonfinite_grad_steps", "train/entropy_control_frac",
 )
+# Optimizer steps of one update skipped because the global gradient norm was not finite (0 normally;
+# a refused update logs it too, beside train/nonfinite). No rank applied such a step.
+NONFINITE_GRAD_METRIC = "train/nonfinite_grad_steps"
 ROLLOUT_METRICS: tuple[str, ...] = (
     "rollout/finished", "rollout/truncated", "rollout/response_len_mean", "rollout/response_len_max",
     "rollout/tokens", "rollout/tokens_per_s", "rollout/finished_per_s", "rollout/decode_utilization",
@@ -65,9 +68,37 @@ COHORT_LEN_METRIC = "rollout/cohort_response_len_mean"
 POOL_METRICS: tuple[str, ...] = ("pool/unfinished", "pool/experience", "pool/staleness_max")
 TIME_METRICS: tuple[str, ...] = ("time/rollout_s", "time/train_s", "time/step_s", "time/wall_s")
 SKIPPED_METRIC = "train/skipped"
+# Entropy-control comparators (algo.entropy_control): fraction of the step's response tokens the mode
+# acted on (clip_cov: loss zeroed; kl_cov: KL-penalised; high_entropy_minority: low-entropy tokens
+# left out of the loss); 0 with mode off. train/masked_frac stays the MPT / DMMPT mask alone.
+ENTROPY_CONTROL_METRIC = "train/entropy_control_frac"
+
+# Length audit (ulorl.train.length_audit), every step: for each fate, audit/<fate>/count (samples that
+# met it this step; pool fates: samples there now), audit/<fate>/len_p50|len_p90|len_max (their
+# response lengths, only when count > 0), audit/<fate>/token_share (cumulative tokens of the fate /
+# the run's decoded response tokens; pool fates: tokens held now) and, for final and completion fates,
+# audit/<fate>/total (cumulative count). Ledger: audit/started == sum of the final fates' totals +
+# audit/unfinished/count + audit/waiting/count. audit/lost_resume/total must stay 0.
+AUDIT_FINAL_FATES: tuple[str, ...] = ("trained", "filtered", "stale", "refused", "lost_resume")
+AUDIT_COMPLETION_FATES: tuple[str, ...] = ("eos", "truncated", "clipped")
+AUDIT_POOL_FATES: tuple[str, ...] = ("unfinished", "waiting")
+AUDIT_STATS: tuple[str, ...] = ("count", "total", "len_p50", "len_p90", "len_max", "token_share")
+AUDIT_STARTED = "audit/started"                     # cumulative samples admitted
+AUDIT_PROMPTS_TOO_LONG = "audit/prompts_too_long"   # prompts dropped at load (cumulative; prompts, not samples)
+
+
+def audit_metric(fate: str, stat: str) -> str:
+    """``audit_metric("filtered", "len_p90") -> "audit/filtered/len_p90"``."""
+    return f"audit/{fate}/{stat}"
+
+
+# Length-audit metrics present at every step (the length quantiles only when the fate's count > 0).
+AUDIT_METRICS: tuple[str, ...] = (AUDIT_STARTED, AUDIT_PROMPTS_TOO_LONG) + tuple(
+    audit_metric(f, s) for f in AUDIT_FINAL_FATES + AUDIT_COMPLETION_FATES + AUDIT_POOL_FATES
+    for s in ("count", "total", "token_share") if not (s == "total" and f in AUDIT_POOL_FATES))
 
 # Metrics present at every step, whether or not the step updated the model.
-EVERY_STEP_METRICS: tuple[str, ...] = ROLLOUT_METRICS + POOL_METRICS + TIME_METRICS + (SKIPPED_METRIC,)
+EVERY_STEP_METRICS: tuple[str, ...] = ROLLOUT_METRICS + POOL_METRICS + TIME_METRICS + (SKIPPED_METRIC,) + AUDIT_METRICS
 # Metrics present only at steps that updated the model (train/skipped == 0).
 UPDATE_STEP_METRICS: tuple[str, ...] = TRAIN_METRICS
 
@@ -80,7 +111,8 @@ SAMPLE_RECORD_FIELDS: tuple[str, ...] = (
     "step", "sample_id", "group_id", "reward", "status", "prompt_text", "response_text",
     "tokens",            # list[str]: decoded text of each response token
     "segments",          # list[{start, end, version}] over response token positions
-    "masked_positions",  # list[int]: response token positions excluded by MPT masking
+    "masked_positions",  # list[int]: response token positions excluded from the loss (MPT masking, or
+                         # a masking entropy control: algo.entropy_control clip_cov / high_entropy_minority)
 )
 
 

@@ -7,6 +7,10 @@
   at ``train.grad_clip`` is DeepSpeed's (global norm over all ZeRO partitions); ``step`` returns
   the pre-clip global norm.
 * Precision: ``train.bf16`` -> DeepSpeed bf16 (bf16 module, fp32 master weights in the optimizer).
+* Non-finite gradients: DeepSpeed 0.19's ZeRO optimizers skip the step when the global gradient norm
+  (reduced over every rank) is not finite — ZeRO-3 in any dtype, ZeRO-1/2 in fp32 and, with
+  ``bf16.check_grad_overflow`` (set here), in bf16 — and report the norm as inf. ``step`` checks
+  that DeepSpeed did so (``was_step_applied``) and raises if it ever applied a non-finite step.
 * Gradient accumulation by token budget: the trainer splits a mini-batch into micro-batches by
   ``train.micro_batch_tokens`` and divides each micro-batch loss by the mini-batch's *global*
   response-token count (Eq. 10). DeepSpeed runs with ``gradient_accumulation_steps=1`` in
@@ -41,6 +45,7 @@ import contextlib
 import copy
 import json
 import logging
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -125,7 +130,10 @@ def zero3_load(ds_config: dict[str, Any]) -> Iterator[None]:
 def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
     """The DeepSpeed JSON config for ``cfg`` (see the module docstring for why each value)."""
     ds = cfg.deepspeed
-    zero: dict[str, Any] = {"stage": ds.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
+    # overlap_comm: ZeRO-3 reduces gradients and gathers parameters on side streams while the backward
+    # runs (DeepSpeed's default and recommendation for stage 3). Off for 1 / 2: DeepSpeed's default,
+    # and with the caller-owned accumulation boundary it refuses overlap_comm under ZeRO-1.
+    zero: dict[str, Any] = {"stage": ds.zero_stage, "overlap_comm": ds.zero_stage == 3, "contiguous_gradients": True}
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     return {
@@ -133,7 +141,9 @@ def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
         "gradient_clipping": cfg.grad_clip,
-        "bf16": {"enabled": bool(cfg.bf16)},
+        # check_grad_overflow: skip a bf16 step whose gradient norm is not finite (DeepSpeed's default,
+        # stated so that a change of default cannot drop it; fp32 steps are always checked)
+        "bf16": {"enabled": bool(cfg.bf16), **({"check_grad_overflow": True} if cfg.bf16 else {})},
         # bf16: accumulate gradients across micro-batches in fp32 (bf16 accumulation loses small terms)
         **({"data_types": {"grad_accum_dtype": "fp32"}} if cfg.bf16 else {}),
         "zero_optimization": zero,
@@ -228,10 +238,28 @@ class DeepSpeedBackend:
         self.engine.backward(loss * self.world_size if self.world_size > 1 else loss, scale_wrt_gas=False)
 
     def step(self) -> float:
-        """Reduce, clip, AdamW step, zero gradients; return the pre-clip global grad norm."""
+        """Reduce, clip, AdamW step, zero gradients; return the pre-clip global grad norm.
+
+        A non-finite norm (on any rank's gradients: the norm is reduced over all of them) means no
+        rank stepped: DeepSpeed skipped it (module docstring), the gradients are dropped, and the
+        caller sees the non-finite norm. Raises if DeepSpeed reports a step applied on one.
+        """
         self.engine.step()
-        norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else float("nan")
+        raw = self.engine.get_global_grad_norm()
+        norm = float(raw) if raw is not None else float("nan")
+        applied = bool(self.engine.was_step_applied())
+        if applied and not math.isfinite(norm):
+            import deepspeed
+
+            raise RuntimeError(
+                f"DeepSpeed {deepspeed.__version__} applied an optimizer step with a non-finite global gradient "
+                f"norm ({norm}) at ZeRO stage {self.zero_stage}: the weights are no longer trustworthy. Resume "
+                "from the last checkpoint under a DeepSpeed that skips such steps (0.19.8 does: "
+                "tests/test_nonfinite_grad.py).")
+        if not applied:
+            self.zero_grad()   # nothing of the skipped step's gradients may reach the next one
+            return norm if not math.isfinite(norm) else float("inf")
+        return norm
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients (an update refused after some backward passes)."""

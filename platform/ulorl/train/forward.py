@@ -4,25 +4,36 @@
 (``ulorl.algo.chunked_lm_head``), so no ``[B, L, V]`` logits tensor exists, in forward or backward;
 only response positions are scored. ``full``: the model's own ``logits`` (``[B, L, V]``) then
 ``logprobs_and_entropy`` — the path before chunking, kept for ``ulorl-bench memory`` and as a
-reference in tests. Under DeepSpeed ZeRO-3 (partitioned LM head) ``chunked`` goes through the head
-module per chunk, so ZeRO-3 gathers and reduces the head weight (``ulorl.algo.chunked_lm_head``).
+reference in tests. Under DeepSpeed ZeRO-3 (partitioned LM head) ``chunked`` runs the chunks as one
+call of the head module, so ZeRO-3 gathers the head weight once per forward and once per backward
+(``ulorl.algo.chunked_lm_head``).
+
+A DeepSpeed engine's policy is run through the engine's own forward (``through_root``) with the
+root module's body replaced by the chunked computation: the engine then starts the micro-step
+and hooks the backward prologue on the outputs (ZeRO reduces gradients in buckets, its epilogue
+once per backward), and ZeRO-3's start-of-forward hook on the root resets its parameter trace, so
+prefetching switches on once the trace is recorded. Calling the inner base model directly skipped
+all of this.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Literal, Optional, cast
+import sys
+from collections.abc import Callable
+from typing import Any, Literal, Optional, TypeVar, cast
 
 import torch
 from torch import Tensor
 
-from ulorl.algo.chunked_lm_head import logprobs_from_hidden
+from ulorl.algo.chunked_lm_head import forward_replaced, is_zero3_param, logprobs_from_hidden
 from ulorl.algo.logprobs import logprobs_and_entropy, logprobs_from_logits
 from ulorl.train.batch import TrainBatch, micro_batches, scatter_rows
 
 LogprobPath = Literal["chunked", "full"]
 LOGPROB_PATHS: tuple[str, ...] = ("chunked", "full")
 IGNORE = -100
+T = TypeVar("T")
 
 
 class UnsupportedHeadError(ValueError):
@@ -50,33 +61,60 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module:
     return head
 
 
-def tied_head(model: torch.nn.Module, weight: Tensor) -> bool:
-    """The head weight is also the input embedding's (tied embeddings)."""
-    get_embed = getattr(model, "get_input_embeddings", None)
-    embed = get_embed() if callable(get_embed) else None
-    return embed is not None and getattr(embed, "weight", None) is weight
+def engine_root(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module a DeepSpeed engine wraps (``engine.module``); None when ``model`` is no engine
+    (deepspeed is only looked up if something imported it already)."""
+    engine_mod = sys.modules.get("deepspeed.runtime.engine")
+    if engine_mod is not None and isinstance(model, engine_mod.DeepSpeedEngine):
+        return cast(torch.nn.Module, model.module)
+    return None
 
 
-def start_engine_micro_step(model: torch.nn.Module) -> None:
-    """What a DeepSpeed engine's own forward does first, for a forward that bypasses it.
+def through_root(model: torch.nn.Module, body: Callable[[], T]) -> T:
+    """``body()`` run as the forward of ``model``'s root module, so that the root's hooks run.
 
-    ``DeepSpeedEngine.forward`` starts each micro-step with ZeRO's ``clear_backward_seen_flag``,
-    which advances ZeRO's micro-step counter after a backward: without it ZeRO-3 takes every later
-    micro-batch for the first one and overwrites (instead of adds to) the gradients accumulated so
-    far. ``forward_hidden`` calls the inner base model, so it does this here; a no-op for a plain model.
+    A DeepSpeed engine: ``engine()`` with ``engine.module``'s forward replaced by ``body`` (the engine
+    starts the micro-step, ZeRO-3's root hook resets the parameter trace, the engine hooks its
+    backward prologue on the outputs). A ZeRO-3 partitioned module outside an engine: the module's
+    own call (its root hook). Anything else: ``body()`` as it is.
     """
-    clear = getattr(getattr(model, "optimizer", None), "clear_backward_seen_flag", None)
-    if callable(clear):
-        clear()
+    root = engine_root(model)
+    caller = model
+    if root is None:
+        get_head = getattr(model, "get_output_embeddings", None)
+        head = get_head() if callable(get_head) else None
+        if head is None or not is_zero3_param(cast(Tensor, getattr(head, "weight", None))):
+            return body()
+        root = model
+
+    def forward(*_args: Any, **_kwargs: Any) -> T:
+        return body()
+
+    with forward_replaced(root, forward):
+        return cast(T, caller())
 
 
-def forward_hidden(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> Tensor:
-    """Final hidden states at the positions predicting ``batch.targets``: Float[B, L-1, H]."""
-    start_engine_micro_step(model)
+def hidden_states(model: torch.nn.Module, **inputs: Any) -> Tensor:
+    """``model.base_model(**inputs, use_cache=False).last_hidden_state``: Float[B, L, H]. Call it
+    inside ``through_root`` when ``model`` is a DeepSpeed engine (the engine forwards the attribute)."""
     base = cast(torch.nn.Module, model.base_model)
-    ids = batch.input_ids.to(device).long()
-    out = base(input_ids=ids, attention_mask=_attention_mask(batch, device), use_cache=False)
-    return out.last_hidden_state[:, :-1]
+    return cast(Tensor, base(use_cache=False, **inputs).last_hidden_state)
+
+
+def chunked_stats_from_ids(model: torch.nn.Module, inputs: dict[str, Any], labels: Tensor, temperature: float,
+                           chunk_tokens: int | None, with_entropy: bool) -> tuple[Tensor, Tensor]:
+    """(log-probs, entropy) of ``labels`` (Int[B, L], < 0 skipped) from the hidden states of
+    ``inputs`` through the chunked LM head, each Float[B, L]; one root forward (``through_root``)."""
+    head = output_head(model)
+
+    def body() -> tuple[Tensor, Tensor]:
+        hidden = hidden_states(model, **inputs)
+        weight = cast(Tensor, head.weight)
+        return logprobs_from_hidden(hidden[:, : labels.shape[1]], weight, labels, temperature,
+                                    bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, lm_head=head,
+                                    with_entropy=with_entropy)
+
+    return through_root(model, body)
 
 
 def forward_logits(model: torch.nn.Module, batch: TrainBatch, device: torch.device) -> Tensor:
@@ -108,13 +146,10 @@ def token_stats(
     """
     mask = batch.response_mask.to(device)
     if path == "chunked":
-        head = output_head(model)
-        hidden = forward_hidden(model, batch, device)
-        labels = response_labels(batch).to(device)
-        weight = cast(Tensor, head.weight)
-        return logprobs_from_hidden(hidden, weight, labels, temperature,
-                                    bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens, lm_head=head,
-                                    with_entropy=with_entropy, tied=tied_head(model, weight))
+        inputs = {"input_ids": batch.input_ids.to(device).long(), "attention_mask": _attention_mask(batch, device)}
+        # labels are L - 1 wide: the hidden states of positions 0 .. L - 2 predict them
+        return chunked_stats_from_ids(model, inputs, response_labels(batch).to(device), temperature, chunk_tokens,
+                                      with_entropy)
     if path == "full":
         logits = forward_logits(model, batch, device)
         if not with_entropy:

@@ -30,6 +30,7 @@ import torch
 
 from ulorl.algo.loss import policy_loss
 from ulorl.config import config_from_dict
+from ulorl.jsonout import emit_json
 from ulorl.train.batch import TrainBatch
 from ulorl.train.distributed import ensure_process_group
 from ulorl.train.forward import LOGPROB_PATHS, token_stats
@@ -345,7 +346,10 @@ def memory_main(args: argparse.Namespace) -> int:
         print(f"[ulorl-bench memory] {msg}", file=sys.stderr, flush=True)
 
     out = run_bench(args, progress=log)
-    print(json.dumps(out) if args.json else format_report(out))
+    if args.json:
+        emit_json(out)
+    else:
+        print(format_report(out))
     return 0 if not any(r.get("error") for r in out["results"]) else 1
 
 

@@ -28,15 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ulorl.algo.chunked_lm_head import logprobs_from_hidden
 from ulorl.config import TrainConfig
 from ulorl.train.batch import TrainBatch
-from ulorl.train.forward import IGNORE, output_head, response_labels, start_engine_micro_step, tied_head
+from ulorl.train.forward import IGNORE, chunked_stats_from_ids, response_labels
 
 #: forward kwarg that routes attention through Ulysses (popped by the dispatcher)
 SP_KWARG = "ulorl_sequence_parallel"
@@ -184,15 +183,8 @@ def sharded_token_stats(
     ids = shard.input_ids.to(device)
     pos = shard.position_ids.to(device)
     labels = shard.labels.to(device)
-    head = output_head(model)
-    weight = cast(Tensor, head.weight)
-    marker = {SP_KWARG: True}
-    start_engine_micro_step(model)  # the base model's forward bypasses a DeepSpeed engine's (ZeRO-3 accumulation)
-    base = cast(torch.nn.Module, model.base_model)
-    hidden = base(input_ids=ids, position_ids=pos, use_cache=False, **marker).last_hidden_state
-    # under ZeRO-3 the chunks go through the head module, whose hooks gather the partitioned weight
-    lp, ent = logprobs_from_hidden(hidden, weight, labels, temperature, bias=getattr(head, "bias", None),
-                                   chunk_tokens=chunk_tokens, with_entropy=with_entropy,
-                                   lm_head=head, tied=tied_head(model, weight))
+    # through the engine's forward (root hooks); under ZeRO-3 the head is gathered once per pass
+    lp, ent = chunked_stats_from_ids(model, {"input_ids": ids, "position_ids": pos, SP_KWARG: True}, labels,
+                                     temperature, chunk_tokens, with_entropy)
     n = shard.n_targets
     return lp[:, :n], ent[:, :n], shard.lo

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import torch
 
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
-from ulorl.eval.runner import evaluate
+from ulorl.eval.runner import evaluate, per_problem_artifact, split_result
 from ulorl.reward import RewardScorer
 from ulorl.reward.judge import judge_from_config
 from ulorl.rollout.engine_config import engine_rollout_config, prompt_budget
@@ -42,17 +42,20 @@ from ulorl.train.cohorts import CohortRewards
 from ulorl.train.deepspeed_backend import DeepSpeedBackend, is_partitioned
 from ulorl.train.distributed import dist_env, launch_role
 from ulorl.train.fill import merge_round_metrics
+from ulorl.train.length_audit import LengthAudit
 from ulorl.train.progress import TrainProgress
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
-from ulorl.train.update import UpdateResult, policy_update, segment_logprobs
+from ulorl.train.update import UpdateResult, engine_segment_logprobs, policy_update, segment_logprobs
 from ulorl.train.worker import (
+    finish_backend,
     load_model,
     load_train_model,
     pad_token_id,
     rollout_copy_needed,
     run_worker_rank,
+    sais_from_engine,
     seed_everything,
     set_threads,
 )
@@ -185,6 +188,7 @@ class Trainer:
         self._pending_metrics: list[list[Any]] = []
         self.cohorts = CohortRewards()
         self._cohort_train_step: dict[int, int] = {}
+        self.audit = LengthAudit()
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -206,6 +210,10 @@ class Trainer:
         # data first: a missing file must fail before any model work
         self.train_items = load_items(cfg.data.train, cfg.data, "train")
         self.heldout_items = load_items(cfg.data.heldout, cfg.data, "heldout") if cfg.eval.every else []
+        n_eval = min(len(self.heldout_items), cfg.eval.num_problems or len(self.heldout_items))
+        if cfg.eval.every and cfg.eval.select_problems and cfg.eval.select_problems >= n_eval:
+            raise ValueError(f"eval.select_problems ({cfg.eval.select_problems}) must be below the {n_eval} held-out "
+                             f"problems evaluated ({cfg.data.heldout}): the rest are the confirmation problems")
 
         model, tokenizer = load_train_model(cfg, self.device)  # ZeRO-3: partitioned while loading
         self.tokenizer = tokenizer
@@ -256,7 +264,8 @@ class Trainer:
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
         check_sequence_parallel(self.cfg.train, dist_env().world_size)
         if self.cfg.train.backend == "deepspeed":
-            return DeepSpeedBackend(model, self.cfg.train, rollout_copy=rollout_copy_needed(self.cfg))
+            return finish_backend(DeepSpeedBackend(model, self.cfg.train, rollout_copy=rollout_copy_needed(self.cfg)),
+                                  self.cfg)
         return TorchBackend(model, self.cfg.train)
 
     def _start_tracking(self) -> None:
@@ -305,6 +314,7 @@ class Trainer:
             "pending_prompts": [p.__dict__ for p in self.pending_prompts],
             "last_eval": self.last_eval,
             "cohorts": self.cohorts.state_dict(),
+            "length_audit": self.audit.state_dict(),
             "pending_metrics": self.tracker.pending() if self.tracker is not None else [],
             "config": self.cfg.model_dump(mode="json"),
         }
@@ -347,6 +357,12 @@ class Trainer:
         self.pending_prompts = [PromptRequest(**p) for p in state.get("pending_prompts", [])]
         self.last_eval = state.get("last_eval", {})
         self.cohorts.load_state_dict(state.get("cohorts", {}))
+        in_pool = len(self.scheduler.pools.unfinished) + self.scheduler.pools.experience.num_samples
+        if "length_audit" in state:
+            self.audit.load_state_dict(state["length_audit"])
+        else:  # a checkpoint from before the length audit: count from the samples in flight
+            self.audit.admit(in_pool)
+        self.audit.reconcile(in_pool)
         self._pending_metrics = state.get("pending_metrics", [])
         ckpt_io.load_rng(path)
         push_weights(self.engine, self.backend, self.policy_version)
@@ -358,6 +374,9 @@ class Trainer:
 
     def _on_segment(self, samples: list[Sample]) -> None:
         if self.cfg.algo.is_mode != "sais":
+            return
+        if sais_from_engine(self.cfg):   # ZeRO-3 + vLLM: no full copy to run the forward on
+            engine_segment_logprobs(samples)
             return
         segment_logprobs(
             self.model, samples, self.cfg.rollout.temperature, self.pad_id, self.cfg.train.micro_batch_tokens,
@@ -372,6 +391,7 @@ class Trainer:
         res = self.scheduler.step(new, self.policy_version, score_fn=self._score, on_segment=self._on_segment)
         dt = time.perf_counter() - t0
         self.pending_prompts = list(res.deferred_prompts)
+        self.audit.rolled_out(res.admitted, res.completed, res.clipped_ids, res.dropped_samples)
         m = res.metrics()
         m["rollout/prompts_dropped_too_long"] = float(self.stream.dropped_too_long)
         rewards = [float(s.reward or 0.0) for s in res.completed]
@@ -407,7 +427,8 @@ class Trainer:
         for s in res.completed:
             self.cohorts.complete(s.created_step, float(s.reward or 0.0), s.response_len)
         for s in res.dropped_samples:
-            self.cohorts.complete(s.created_step, None, 0)
+            if s.finished_step is None:  # a member already done was counted when it completed
+                self.cohorts.complete(s.created_step, None, 0)
         offset = self.step - res.step            # trainer steps count from 1, the scheduler's from 0
         for c in self.cohorts.pop_closed():
             if self.tracker is not None:
@@ -432,9 +453,13 @@ class Trainer:
             bench_name=bench,
             progress=False,
         )
-        if self.tracker is not None:
-            self.tracker.log_text(result.per_problem_csv(), f"eval/{bench}_per_problem_step_{self.step:06d}.csv")
-        return result.metrics()
+        parts = [result] + (list(split_result(result, e.select_problems)) if e.select_problems else [])
+        metrics: dict[str, float] = {}
+        for part in parts:   # the whole set, then its selection / confirmation parts (eval.select_problems)
+            if self.tracker is not None:
+                self.tracker.log_text(part.per_problem_csv(), per_problem_artifact(part.bench, self.step))
+            metrics.update(part.metrics())
+        return metrics
 
     # ------------------------------------------------------------------ one step
     def train_step(self) -> StepResult:
@@ -476,10 +501,17 @@ class Trainer:
                 metrics["train/reward_mean_released"] = update.metrics.get("train/reward_mean", 0.0)
                 if "train/nonfinite" in update.metrics:
                     metrics["train/nonfinite"] = 1.0
+                    metrics[schema.NONFINITE_GRAD_METRIC] = update.metrics.get(schema.NONFINITE_GRAD_METRIC, 0.0)
                     log.warning("step %d: %s", self.step, reason)
             metrics[schema.SKIPPED_METRIC] = 1.0
             if getattr(self.engine, "asleep", False):
-                cast(Any, self.engine).wake()   # sleep / wake: the colocated vLLM engine's, not the Engine protocol's
+                # a colocated vLLM engine slept at level 2 (weights discarded): the unchanged weights wake it
+                push_weights(self.engine, self.backend, self.policy_version)
+        if samples:
+            self.audit.released(samples, update is not None and update.updated, cfg.algo.dynamic_sampling)
+        pools = self.scheduler.pools
+        metrics.update(self.audit.step_metrics(list(pools.unfinished), pools.experience.samples(),
+                                               self.scheduler.decoded_tokens_total, self.stream.dropped_too_long))
         metrics["train/policy_version"] = float(self.policy_version)
         if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
             t_e = time.perf_counter()

@@ -25,8 +25,10 @@ from ulorl.algo import (
     policy_loss,
     select_old_logprobs,
 )
+from ulorl.algo.entropy_control import ControlInputs, draw_seed, entropy_control, kl_cov_loss
 from ulorl.config import AlgoConfig, TrainConfig
 from ulorl.rollout.types import Sample
+from ulorl.tracking.schema import NONFINITE_GRAD_METRIC
 from ulorl.train.backend import TrainBackend
 from ulorl.train.batch import TrainBatch, build_train_batch, rows_over_cap
 from ulorl.train.forward import autocast_ctx, current_token_stats, forward_logits, token_stats
@@ -38,7 +40,7 @@ log = logging.getLogger(__name__)
 _WARNED_OVER_CAP: weakref.WeakSet[object] = weakref.WeakSet()
 
 __all__ = ["PreparedUpdate", "UpdateResult", "apply_update", "autocast_ctx", "current_token_stats", "forward_logits",
-           "policy_update", "prepare_update", "segment_logprobs",
+           "engine_segment_logprobs", "policy_update", "prepare_update", "segment_logprobs",
            "split_minibatches"]
 
 
@@ -90,6 +92,7 @@ class PreparedUpdate:
     old_logprobs: torch.Tensor      # Float[B, L-1]: the IS denominator (TOIS / SAIS / POIS)
     loss_mask: torch.Tensor         # Bool[B, L-1]: tokens the loss keeps (MPT / DMMPT masking)
     metrics: dict[str, float]
+    kl_tokens: Optional[torch.Tensor] = None  # Bool[B, L-1]: KL-Cov's penalised tokens (entropy_control kl_cov)
 
 
 def parallel_ops(backend: TrainBackend, train: TrainConfig) -> ParallelOps:
@@ -154,6 +157,11 @@ def prepare_update(
                          scope=algo.mpt.entropy_scope)
     loss_mask = MASK_MODES[algo.mpt.mode].mask(mask_in)
     active = MASK_MODES[algo.mpt.mode].active(mask_in)
+    ec, control = algo.entropy_control, entropy_control(algo.entropy_control.mode)
+    acted = control.select(ControlInputs(
+        cur_lp, old_lp, adv, resp, ent, eps_low=algo.eps_low, eps_high=algo.eps_high, clip_cov_ratio=ec.clip_cov_ratio,
+        clip_cov_lb=ec.clip_cov_lb, clip_cov_ub=ec.clip_cov_ub, kl_cov_ratio=ec.kl_cov_ratio,
+        top_entropy_quantile=ec.top_entropy_quantile, seed=draw_seed(train.seed, kept[0].sample_id)))
     metrics.update(
         {
             "train/entropy": float((ent * resp).sum() / n_tokens),
@@ -161,13 +169,16 @@ def prepare_update(
             "train/mpt_frac": float(mpt.sum()) / n_tokens,
             "train/masked_frac": float(loss_mask.sum()) / n_tokens,
             "train/mask_active_frac": float(active.float().mean()),
+            "train/entropy_control_frac": float(acted.sum()) / n_tokens,
             "train/groups": float(len(set(batch.group_ids.tolist()))),
             "train/samples": float(len(kept)),
             "train/tokens": float(n_tokens),
             "train/adv_abs_mean": float(adv.abs().mean()),
         }
     )
-    return PreparedUpdate(kept, batch, adv, old_lp, loss_mask, metrics)
+    kl_tokens = acted if control.action == "kl" else None
+    return PreparedUpdate(kept, batch, adv, old_lp, loss_mask | acted if control.action == "mask" else loss_mask,
+                          metrics, kl_tokens)
 
 
 def apply_update(
@@ -188,6 +199,7 @@ def apply_update(
     acc: dict[str, float] = {}
     pg_loss_total = 0.0
     grad_norms: list[float] = []
+    skipped_steps = 0   # optimizer steps the backend skipped on a non-finite global grad norm
     refused = ""
     for mb_rows in split_minibatches(batch.group_ids.tolist(), train.updates_per_step):
         mb = batch.rows(mb_rows)
@@ -208,18 +220,8 @@ def apply_update(
                     lp, _ = token_stats(model, sub, temperature, device, train.logprob_path,
                                         train.logprob_chunk_tokens, with_entropy=False)
             part = slice(lo, lo + width)
-            loss, m = policy_loss(
-                lp,
-                prep.old_logprobs[idx, part].to(device),
-                prep.advantages[idx].to(device),
-                sub.response_mask[:, part].to(device),
-                loss_mask=prep.loss_mask[idx, part].to(device),
-                eps_low=algo.eps_low,
-                eps_high=algo.eps_high,
-                num_tokens=mb_tokens,
-                loss_agg=algo.loss_agg,
-                num_seqs=len(mb_rows),
-            )
+            loss, m = _token_loss(prep, algo, train, lp, idx, part, sub.response_mask[:, part].to(device),
+                                  mb_tokens, len(mb_rows), device)
             if not dp.all_finite(loss):
                 backend.zero_grad()
                 refused = f"non-finite loss ({float(loss.detach())}); update refused"
@@ -230,11 +232,13 @@ def apply_update(
                 _weighted(acc, m, float(sub.response_mask[:, part].sum()) / n_tokens)
         if refused:
             break
-        norm = backend.step()  # backends skip the optimizer step when the norm is not finite
+        norm = backend.step()  # backends skip the optimizer step (on every rank) when the norm is not finite
         if not math.isfinite(norm):
-            refused = f"non-finite gradient norm ({norm}); update refused"
+            skipped_steps += 1
+            refused = f"non-finite gradient norm ({norm}); optimizer step skipped, update refused"
             break
         grad_norms.append(norm)
+    metrics[NONFINITE_GRAD_METRIC] = float(skipped_steps)
     if refused:
         metrics["train/nonfinite"] = 1.0
         if not grad_norms:  # nothing was applied: the step is refused whole
@@ -257,6 +261,22 @@ def apply_update(
         }
     )
     return UpdateResult(True, metrics, kept_samples=prep.kept, loss_mask=prep.loss_mask, batch=batch)
+
+
+def _token_loss(prep: PreparedUpdate, algo: AlgoConfig, train: TrainConfig, lp: torch.Tensor, idx: torch.Tensor,
+                part: slice, resp: torch.Tensor, mb_tokens: int, mb_seqs: int,
+                device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one micro-batch: rows ``idx``, positions ``part`` of the prepared [B, L-1] tensors.
+    The clipped surrogate (``policy_loss``), or KL-Cov's (``kl_cov_loss``) under entropy_control kl_cov."""
+    old, adv, mask = prep.old_logprobs[idx, part].to(device), prep.advantages[idx].to(device), \
+        prep.loss_mask[idx, part].to(device)
+    if prep.kl_tokens is not None:
+        # one optimizer step on a POIS batch: old log-probs are this model's (verl's on_policy shortcut)
+        on_policy = algo.is_mode == "pois" and train.updates_per_step == 1
+        return kl_cov_loss(lp, old, adv, resp, prep.kl_tokens[idx, part].to(device), algo.entropy_control.kl_cov_coef,
+                           mask, mb_tokens, loss_agg=algo.loss_agg, num_seqs=mb_seqs, on_policy=on_policy)
+    return policy_loss(lp, old, adv, resp, loss_mask=mask, eps_low=algo.eps_low, eps_high=algo.eps_high,
+                       num_tokens=mb_tokens, loss_agg=algo.loss_agg, num_seqs=mb_seqs)
 
 
 def policy_update(
@@ -303,6 +323,21 @@ def segment_logprobs(
         have = len(s.old_logprobs)
         if have < seg.end:
             s.old_logprobs.extend(lp[b, p - 1 + have : p - 1 + seg.end].tolist())
+
+
+def engine_segment_logprobs(samples: list[Sample]) -> None:
+    """SAIS from the engine: append the rollout engine's sampled-token log-probs of each sample's newest
+    segment to ``old_logprobs`` (``log_softmax(logits / T)`` at the version that decoded it, the same
+    quantity ``segment_logprobs`` recomputes with the trainer's model; they differ by the engine's
+    numerics only). Stored by position, as ``segment_logprobs`` stores them."""
+    for s in samples:
+        seg = s.segments[-1]
+        have = len(s.old_logprobs)
+        if have < seg.end:
+            if len(s.sampling_logprobs) < seg.end:
+                raise ValueError(f"sample {s.sample_id}: the engine returned {len(s.sampling_logprobs)} log-probs for "
+                                 f"{seg.end} response tokens")
+            s.old_logprobs.extend(s.sampling_logprobs[have:seg.end])
 
 
 def check_sais_logprobs(samples: list[Sample]) -> None:

@@ -25,8 +25,10 @@ import numpy as np
 import torch
 
 from ulorl.config import ExperimentConfig
-from ulorl.models.loading import load_policy
-from ulorl.train.deepspeed_backend import DeepSpeedBackend, deepspeed_config, zero3_load
+from ulorl.models.loading import _apply_rope_scaling, load_policy, load_tokenizer, resolve_model_path
+from ulorl.rollout.engines.vllm import PolicySpec
+from ulorl.rollout.weight_sync import bucket_bytes_from_mb
+from ulorl.train.deepspeed_backend import DeepSpeedBackend, deepspeed_config, full_nbytes, zero3_load
 from ulorl.train.distributed import dist_env, ensure_process_group
 from ulorl.train.update import policy_update
 
@@ -59,6 +61,31 @@ def load_model(
     )
 
 
+def engine_policy(cfg: ExperimentConfig) -> tuple[Any, Any]:
+    """(policy, tokenizer) for a rollout engine built outside the trainer (a Ray engine actor).
+
+    ``rollout.engine=vllm``: a weightless ``PolicySpec`` (the config with the trainer's rope scaling,
+    the generation config, the dtype): vLLM loads the checkpoint itself, on its own device, and a
+    copy of the HF weights in the actor would take the memory vLLM needs to start. ``hf``: the
+    whole model on ``rollout.device`` (the HF engine runs it).
+    """
+    if cfg.rollout.engine != "vllm":
+        return load_model(cfg, cfg.rollout.device)
+    from transformers import AutoConfig, GenerationConfig
+
+    m = cfg.model
+    path = resolve_model_path(m.name_or_path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+    if m.rope_scaling:
+        _apply_rope_scaling(config, m.rope_scaling)
+    try:
+        generation = GenerationConfig.from_pretrained(path)
+    except OSError:   # no generation_config.json: the config's own end ids
+        generation = GenerationConfig.from_model_config(config)
+    tok = load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
+    return PolicySpec(config=config, generation_config=generation, dtype=m.dtype), tok
+
+
 def is_zero3(cfg: ExperimentConfig) -> bool:
     return cfg.train.backend == "deepspeed" and cfg.train.deepspeed.zero_stage == 3
 
@@ -78,11 +105,93 @@ def load_train_model(cfg: ExperimentConfig, device: str | torch.device) -> tuple
         return load_model(cfg, device)
 
 
+def sais_from_engine(cfg: ExperimentConfig) -> bool:
+    """Whether SAIS takes each segment's old log-probs from the engine's sampled-token log-probs
+    (``algo.sais_logprobs``; ``auto``: under ZeRO-3 with vLLM engines) instead of a trainer forward."""
+    choice = cfg.algo.sais_logprobs
+    if choice == "auto":
+        return is_zero3(cfg) and cfg.rollout.engine == "vllm"
+    return choice == "engine"
+
+
 def rollout_copy_needed(cfg: ExperimentConfig) -> bool:
     """Whether rank 0 keeps a full unpartitioned policy copy under ZeRO-3: yes for the in-process
-    hf engine and for SAIS log-probs (both run the policy on rank 0 alone); no when vLLM engines
-    (their own processes, loading the model directory themselves) are the only users of the weights."""
-    return not (cfg.rollout.engine == "vllm" and cfg.algo.is_mode != "sais")
+    hf engine and for SAIS log-probs from a trainer forward (both run the policy on rank 0 alone);
+    no when vLLM engines (loading the checkpoint themselves, fed by gathered buckets) are the only
+    users of the weights and SAIS, if on, takes the engine's log-probs (``sais_from_engine``)."""
+    if cfg.rollout.engine != "vllm":
+        return True
+    return cfg.algo.is_mode == "sais" and not sais_from_engine(cfg)
+
+
+RESIDENCY_ENV = "ULORL_PARAM_RESIDENCY_DIR"
+
+
+def materialised_param_bytes(backend: Any) -> int:
+    """Parameter bytes this rank holds right now: for each ZeRO-3 parameter its partition
+    (``ds_tensor``) plus its full tensor while gathered (``data`` is ``empty(0)`` when released;
+    persistent small parameters stay whole), a plain parameter's tensor, and a separate rollout
+    copy's tensors when there is one."""
+    def module_bytes(module: Any) -> int:
+        total = 0
+        for p in module.parameters():
+            total += p.data.numel() * p.element_size()
+            if hasattr(p, "ds_tensor"):
+                total += p.ds_tensor.numel() * p.element_size()
+        return total
+
+    out = module_bytes(backend.module)
+    if backend.rollout_model is not backend.module:
+        out += module_bytes(backend.rollout_model)
+    return out
+
+
+class ParamResidency:
+    """Peak of ``materialised_param_bytes`` on this rank, sampled at every submodule's forward (pre and
+    post: where ZeRO-3 gathers for compute) and after every gathered export bucket (weight pushes,
+    ``save_model``); written to ``DIR/rank<r>.json`` whenever it grows. A diagnostic: attached only when
+    ``ULORL_PARAM_RESIDENCY_DIR`` is set (the composition test reads it)."""
+
+    def __init__(self, backend: Any, rank: int, out_dir: Path) -> None:
+        import json
+
+        self.backend, self.path, self._json = backend, Path(out_dir) / f"rank{rank}.json", json
+        self.full_bytes = sum(full_nbytes(p) for p in backend.module.parameters())
+        self.peak, self.samples = 0, 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for m in backend.module.modules():
+            m.register_forward_pre_hook(lambda *a: self.sample())
+            m.register_forward_hook(lambda *a: self.sample())
+        gathered = backend._gathered_buckets
+
+        def sampled_buckets() -> Any:
+            for bucket in gathered():
+                self.sample()
+                yield bucket
+
+        backend._gathered_buckets = sampled_buckets
+        self.sample()
+
+    def sample(self) -> None:
+        self.samples += 1
+        now = materialised_param_bytes(self.backend)
+        if now > self.peak:
+            self.peak = now
+            copy = self.backend.rollout_model is not self.backend.module
+            self.path.write_text(self._json.dumps({"peak_bytes": now, "full_bytes": self.full_bytes,
+                                                  "rollout_copy": copy}))
+
+
+def finish_backend(backend: Any, cfg: ExperimentConfig) -> Any:
+    """Settings every rank applies to a new training backend (the same on every rank): ZeRO-3 exports
+    (weight pushes, ``save_model``) gather buckets of ``rollout.weight_sync_bucket_mb``, the size the
+    engines receive; the ``ULORL_PARAM_RESIDENCY_DIR`` probe when set."""
+    if hasattr(backend, "export_bucket_bytes"):
+        backend.export_bucket_bytes = bucket_bytes_from_mb(cfg.rollout.weight_sync_bucket_mb)
+    out = os.environ.get(RESIDENCY_ENV)
+    if out and getattr(backend, "zero_stage", 0) == 3:
+        backend.residency = ParamResidency(backend, dist_env().rank, Path(out))
+    return backend
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -148,7 +257,7 @@ def run_worker_rank(cfg: ExperimentConfig, run_dir: Path) -> WorkerOutcome:
     seed_everything(cfg.train.seed)
     device = worker_device(cfg)
     model, tokenizer = load_train_model(cfg, device)
-    backend = DeepSpeedBackend(model, cfg.train, rollout_copy=rollout_copy_needed(cfg))
+    backend = finish_backend(DeepSpeedBackend(model, cfg.train, rollout_copy=rollout_copy_needed(cfg)), cfg)
     rank = backend.rank
     old = {}
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,6 +1,11 @@
 """``ulorl-bench zero3-memory``: per-rank parameter memory of a ZeRO-3 trainer, partitioned load vs full load.
 
     ulorl-bench zero3-memory --size-mb 64 --ranks 2        # CPU, gloo, DeepSpeed ZeRO-3
+    ulorl-bench zero3-memory --count-gathers --before ../other-checkout   # collectives per micro-step
+
+``--count-gathers`` counts ZeRO-3's all-gathers / reduce-scatters (and bytes) per training
+micro-step instead, for this checkout and optionally another one side by side
+(``ulorl.train.zero3_gathers``).
 
 A Qwen3 model of about ``--size-mb`` MiB (float32, random weights, built from a config) is saved to
 a temp dir; then, once per path, ``--ranks`` processes under ``torch.distributed.run`` load it as
@@ -36,6 +41,7 @@ from typing import Any
 import torch
 
 from ulorl.config import ExperimentConfig, config_from_dict
+from ulorl.jsonout import emit_json
 from ulorl.rollout.weight_sync_bench import PeakSampler, rss_bytes
 from ulorl.train.deepspeed_backend import (
     DeepSpeedBackend,
@@ -44,6 +50,8 @@ from ulorl.train.deepspeed_backend import (
 )
 from ulorl.train.distributed import ensure_process_group
 from ulorl.train.worker import load_model, load_train_model, pad_token_id, worker_loop
+from ulorl.train.zero3_gathers import add_arguments as add_gather_arguments
+from ulorl.train.zero3_gathers import format_counts, run_gather_counts
 
 PATHS = ("partitioned", "full")
 MIB = 2**20
@@ -242,10 +250,23 @@ def add_zero3_parser(sub: Any) -> argparse.ArgumentParser:
                    help="MALLOC_MMAP_THRESHOLD_ of the ranks (MiB; 0 = glibc's default, which keeps freed "
                         "large tensors in the heap and inflates the peaks)")
     z.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
+    g = z.add_argument_group("--count-gathers (collectives per micro-step; --ranks applies)")
+    g.add_argument("--count-gathers", action="store_true",
+                   help="count ZeRO-3 all-gathers / reduce-scatters per training micro-step instead of memory")
+    g.add_argument("--before", type=Path, help="another checkout to count beside this one (its platform/ is used)")
+    add_gather_arguments(g)
     return z
 
 
 def run_zero3_cli(args: argparse.Namespace) -> int:
+    if args.count_gathers:
+        if args.ranks < 2 or args.row_tokens < 32 or args.chunk_tokens < 1 or args.steps < 1:
+            print("ulorl-bench zero3-memory --count-gathers: error: --ranks >= 2, --row-tokens >= 32, "
+                  "--chunk-tokens >= 1, --steps >= 1", file=sys.stderr)
+            return 2
+        counts = run_gather_counts(args)
+        print(json.dumps(counts) if args.json else format_counts(counts))
+        return 0
     paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
     bad = [p for p in paths if p not in PATHS]
     if bad or not paths or args.size_mb <= 0 or args.ranks < 1 or args.bucket_mb <= 0:
@@ -255,7 +276,10 @@ def run_zero3_cli(args: argparse.Namespace) -> int:
     out = run_zero3_bench(args.size_mb, args.ranks, args.bucket_mb, paths,
                           progress=lambda m: print(f"[ulorl-bench] {m}", file=sys.stderr, flush=True),
                           mmap_threshold_mb=args.malloc_mmap_threshold_mb)
-    print(json.dumps(out) if args.json else format_zero3(out))
+    if args.json:
+        emit_json(out)
+    else:
+        print(format_zero3(out))
     return 0
 
 

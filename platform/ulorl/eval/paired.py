@@ -1,0 +1,231 @@
+"""Paired comparisons of two arms over seeds and held-out problems: the statistics behind the
+claims (``ulorl.report.claims``) and the sweep verdict (``ulorl.sweep.ranking``). Pure functions.
+
+Two arms a, b run on the same seeds s = 1..n and scored on the same P held-out problems:
+
+- per-seed differences d_s = metric(a, s) - metric(b, s); across seeds the t-interval
+  mean(d) +- t_{1-alpha/2, n-1} * sd(d) / sqrt(n) (sd with n - 1). It is used only with
+  n >= :data:`MIN_T_SEEDS` and sd(d) > 0: with 2 seeds the interval rests on one degree of freedom,
+  and identical differences (held-out accuracy moves in steps of 1 / (problems * k)) give a point,
+  not evidence (:func:`seed_interval_usable`);
+- over problems: each problem's score averaged over the seeds of its arm, then the paired percentile
+  bootstrap of the mean difference (:func:`pooled_problem_interval`);
+- verdict (:func:`verdict`) from the intervals that exist, at the level they were computed at
+  (:data:`LEVEL_DIRECTIONAL` for "a beats b", :data:`LEVEL_EQUIVALENCE` for "a equals b within
+  +-margin": the 90 % interval is the two one-sided tests at alpha 0.05);
+- minimum detectable effect (:func:`mde_seeds`, :func:`mde_problems`): the true difference an
+  interval of that level would tell from zero with probability :data:`POWER`, given the observed
+  spread: (q_{1-alpha/2} + q_{POWER}) * standard error.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Sequence
+from statistics import NormalDist
+from typing import Optional
+
+import numpy as np
+
+from ulorl.eval.metrics import bootstrap_ci
+
+N_BOOT = 2000
+ALPHA = 0.05
+MIN_T_SEEDS = 3             # a t-interval across seeds needs at least this many seeds
+LEVEL_DIRECTIONAL = 0.95    # "a > b" / "a < b": two-sided 95 % intervals
+LEVEL_EQUIVALENCE = 0.90    # "a ~ b within +-margin": 90 % intervals = TOST at alpha 0.05
+POWER = 0.80                # of the minimum detectable effect
+
+HOLDS, NOT_HOLD, INCONCLUSIVE, FEW_SEEDS = "holds", "does not hold", "inconclusive", "not enough seeds"
+
+
+# ----------------------------------------------------------------------------- per-problem scores
+
+
+def parse_per_problem_csv(text: str) -> dict[str, float]:
+    """``problem_id -> accuracy`` (num_correct / k) from a per-problem eval CSV."""
+    out: dict[str, float] = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        k = float(row.get("k") or 0)
+        if k > 0 and row.get("num_correct") not in (None, ""):
+            out[str(row["problem_id"])] = float(row["num_correct"]) / k
+        elif row.get("accuracy") not in (None, ""):
+            out[str(row["problem_id"])] = float(row["accuracy"])
+    return out
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = N_BOOT, alpha: float = ALPHA,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Mean paired difference ``mean(a - b)`` and its percentile bootstrap interval.
+
+    Args:
+        a, b: Float[P] per-problem scores of two models on the SAME problems, same order.
+    Returns:
+        (difference, low, high).
+    """
+    x = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("paired_bootstrap needs at least one common problem")
+    low, high = bootstrap_ci(x, n_boot=n_boot, alpha=alpha, seed=seed)
+    return float(x.mean()), low, high
+
+
+# ----------------------------------------------------------------------------- Student's t
+
+
+def t_cdf_two_sided(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with integer ``df`` >= 1 (Abramowitz & Stegun 26.7.3 / 26.7.4,
+    finite sums in cos(theta), theta = atan(t / sqrt(df)))."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    if t <= 0:
+        return 0.0
+    theta = math.atan(t / math.sqrt(df))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if df % 2 == 0:
+        term, total = 1.0, 1.0
+        for k in range(2, df - 1, 2):      # (1 3 ... (k-1)) / (2 4 ... k) cos^k
+            term *= c2 * (k - 1) / k
+            total += term
+        return s * total
+    if df == 1:
+        return 2.0 * theta / math.pi
+    term = math.cos(theta)
+    total = term
+    for k in range(3, df - 1, 2):          # (2 4 ... (k-1)) / (3 5 ... k) cos^k
+        term *= c2 * (k - 1) / k
+        total += term
+    return 2.0 / math.pi * (theta + s * total)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom, by bisection:
+    ``t_quantile(0.975, 2) = 4.303``."""
+    if not 0.5 < p < 1.0:
+        raise ValueError(f"p must be in (0.5, 1), got {p}")
+    target = 2.0 * p - 1.0
+    lo, hi = 0.0, 1.0
+    while t_cdf_two_sided(hi, df) < target:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if t_cdf_two_sided(mid, df) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def t_interval(diffs: Sequence[float], alpha: float = ALPHA) -> tuple[float, float, float]:
+    """(mean, low, high) of the per-seed differences ``diffs`` (Float[n], n >= 2):
+    mean +- t_{1-alpha/2, n-1} * sd / sqrt(n), sd with n - 1 in the denominator."""
+    x = np.asarray(diffs, dtype=np.float64)
+    if x.size < 2:
+        raise ValueError(f"a t-interval needs >= 2 seeds, got {x.size}")
+    mean = float(x.mean())
+    half = t_quantile(1.0 - alpha / 2.0, int(x.size) - 1) * float(x.std(ddof=1)) / math.sqrt(x.size)
+    return mean, mean - half, mean + half
+
+
+def seed_interval_usable(diffs: Sequence[float]) -> tuple[bool, str]:
+    """Whether the t-interval over ``diffs`` (Float[n]) may enter a verdict, and why not:
+    n >= :data:`MIN_T_SEEDS` and a non-zero spread. ``seed_interval_usable([0.04, 0.04])`` ->
+    ``(False, "only 2 seed(s) (a t-interval needs >= 3)")``."""
+    n = len(diffs)
+    if n < MIN_T_SEEDS:
+        return False, f"only {n} seed(s) (a t-interval needs >= {MIN_T_SEEDS})"
+    if float(np.std(np.asarray(diffs, dtype=np.float64), ddof=1)) <= 1e-12:
+        return False, f"the {n} per-seed differences are identical (zero spread: the t-interval is a point)"
+    return True, ""
+
+
+def pooled_problem_interval(a: Sequence[dict[str, float]], b: Sequence[dict[str, float]], alpha: float = ALPHA
+                            ) -> Optional[tuple[float, float, float, int]]:
+    """Paired bootstrap over held-out problems, pooled across seeds: ``a[s]`` / ``b[s]`` are the
+    per-problem scores (problem id -> accuracy) of the two arms' runs of seed s. Each problem's
+    score is averaged over seeds within its arm, then :func:`paired_bootstrap` resamples the problems
+    every run has. Returns (difference, low, high, problems), None without a common problem."""
+    x = pooled_problem_differences(a, b)
+    if x is None:
+        return None
+    d, lo, hi = paired_bootstrap(x, [0.0] * len(x), alpha=alpha)
+    return d, lo, hi, len(x)
+
+
+def pooled_problem_differences(a: Sequence[dict[str, float]], b: Sequence[dict[str, float]]) -> Optional[list[float]]:
+    """Per-problem differences (Float[P], sorted problem ids) of the seed-averaged scores of the
+    problems every run of ``a`` and ``b`` has; None without one."""
+    if not a or len(a) != len(b) or not all(a) or not all(b):
+        return None
+    common = set.intersection(*(set(s) for s in list(a) + list(b)))
+    if not common:
+        return None
+    ids = sorted(common)
+    return [float(np.mean([s[i] for s in a])) - float(np.mean([s[i] for s in b])) for i in ids]
+
+
+# ----------------------------------------------------------------------------- verdict and power
+
+
+def verdict(direction: int, intervals: Sequence[tuple[float, float]], n_seeds: int,
+            margin: Optional[float] = None) -> str:
+    """Verdict on a - b from the intervals (low, high) that may be used, all at one level.
+
+    direction +1 / -1 (the paper says a > b / a < b): "holds" when every interval excludes zero in
+    that direction, "does not hold" when every one excludes it in the other, else "inconclusive".
+    direction 0 (a equals b within +-``margin``; two one-sided tests): "holds" when every interval
+    lies inside (-margin, margin), "does not hold" when every one lies wholly outside it
+    (low >= margin or high <= -margin), else "inconclusive".
+    Fewer than 2 paired seeds, or no interval with fewer than :data:`MIN_T_SEEDS`: "not enough seeds".
+    """
+    if direction not in (-1, 0, 1):
+        raise ValueError(f"direction must be -1, 0 or +1, got {direction}")
+    if direction == 0 and (margin is None or margin <= 0):
+        raise ValueError(f"a no-difference claim (direction 0) needs a margin > 0, got {margin}")
+    if n_seeds < 2:
+        return FEW_SEEDS
+    if not intervals:
+        return FEW_SEEDS if n_seeds < MIN_T_SEEDS else INCONCLUSIVE
+    if direction == 0:
+        assert margin is not None
+        if all(-margin < lo and hi < margin for lo, hi in intervals):
+            return HOLDS
+        if all(lo >= margin or hi <= -margin for lo, hi in intervals):
+            return NOT_HOLD
+        return INCONCLUSIVE
+    with_paper = [lo > 0 if direction > 0 else hi < 0 for lo, hi in intervals]
+    against = [hi < 0 if direction > 0 else lo > 0 for lo, hi in intervals]
+    if all(with_paper):
+        return HOLDS
+    if all(against):
+        return NOT_HOLD
+    return INCONCLUSIVE
+
+
+def mde_seeds(diffs: Sequence[float], level: float = LEVEL_DIRECTIONAL, power: float = POWER) -> Optional[float]:
+    """Smallest true mean difference the t-interval at ``level`` over these seeds would exclude zero
+    for with probability ``power``: (t_{(1+level)/2, n-1} + t_{power, n-1}) * sd / sqrt(n); None
+    when the t-interval is not usable (:func:`seed_interval_usable`)."""
+    if not seed_interval_usable(diffs)[0]:
+        return None
+    x = np.asarray(diffs, dtype=np.float64)
+    df = int(x.size) - 1
+    return (t_quantile((1.0 + level) / 2.0, df) + t_quantile(power, df)) * float(x.std(ddof=1)) / math.sqrt(x.size)
+
+
+def mde_problems(diffs: Sequence[float], level: float = LEVEL_DIRECTIONAL, power: float = POWER) -> Optional[float]:
+    """The same over problems for the paired bootstrap: (z_{(1+level)/2} + z_{power}) * sd / sqrt(P)
+    of the per-problem differences ``diffs`` (Float[P], seed-averaged); None with fewer than 2 problems."""
+    x = np.asarray(diffs, dtype=np.float64)
+    if x.size < 2:
+        return None
+    z = NormalDist()
+    return (z.inv_cdf((1.0 + level) / 2.0) + z.inv_cdf(power)) * float(x.std(ddof=1)) / math.sqrt(x.size)
+
+
+__all__ = ["ALPHA", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "LEVEL_DIRECTIONAL", "LEVEL_EQUIVALENCE", "MIN_T_SEEDS",
+           "NOT_HOLD", "POWER", "mde_problems", "mde_seeds", "paired_bootstrap", "parse_per_problem_csv",
+           "pooled_problem_differences", "pooled_problem_interval", "seed_interval_usable", "t_cdf_two_sided",
+           "t_interval", "t_quantile", "verdict"]

@@ -43,7 +43,7 @@ def test_headline_sweep_plans_eight_trials_and_names_each(tmp_path):
     assert runner.planned_trials() == 8            # 4 search + baseline x 2 seeds + best re-run + S = 1
     entries = runner._extra_entries({"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.05})
     roles = [(e["role"], e["repeat"]) for e in entries]
-    assert roles == [("baseline", 0), ("baseline", 1), ("rerun", 1), ("reference", 0)]
+    assert roles == [("baseline", 1), ("rerun", 1), ("baseline", 0), ("reference", 0)]   # seed-major, offset 0 last
     assert entries[-1]["trial_overrides"] == {"rollout.segments": 1, "algo.mpt.mode": "off"}
     assert runner._extra_entries(None)[-1]["role"] == "reference"   # no best trial: no re-run, reference still runs
     assert runner.describe_trial({"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.0931234}) == ("search", "tau=0.9 sigma=0.0931")

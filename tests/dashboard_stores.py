@@ -7,7 +7,9 @@
   different ``algo.mpt.mode``) that share the run name ``quickstart`` (runs are identities, names
   are labels), one ``ulorl-eval`` run of the first run's checkpoint, and two sweep parent runs of
   ONE sweep name (``mpt_threshold``, as two runs of ``ulorl-sweep`` write them, each with its own
-  Optuna study) whose trial runs are all named ``quickstart`` too (``add_shared_name_sweeps``).
+  Optuna study) whose trial runs are all named ``quickstart`` too (``add_shared_name_sweeps``); the
+  newer one also has the headline sweep's non-segmented reference trial (S = 1, masking off), so the
+  Speedup page compares S = 4 against S = 1 inside the sweep group.
 """
 
 from __future__ import annotations
@@ -227,9 +229,17 @@ SHARED_SWEEPS: dict[str, dict[str, Any]] = {
           "baseline": [0.5, 0.0, 0.5, 0.0], "start": 1_700_000_000_000},
     "B": {"trials": [(0.9, 0.08, [1.0, 1.0, 0.5, 0.5]), (0.99, 0.04, [0.0, 0.5, 0.5, 0.0]),
                      (0.95, 0.14, [1.0, 0.5, 0.5, 1.0])],
-          "baseline": [0.5, 0.5, 0.5, 0.0], "start": 1_700_000_100_000},
+          "reference": [0.5, 0.0, 0.5, 0.5], "baseline": [0.5, 0.5, 0.5, 0.0], "start": 1_700_000_100_000},
 }
 SHARED_NAME = "quickstart"
+# Steady-window speed of the sweep trials (8 steps; S = 4 keeps steps 5-8, S = 1 steps 2-8): trial i of
+# a sweep at S = 4 takes 1.0 + 0.1 i s per step, the S = 1 reference 0.8 s; all train 16 samples per
+# step. Both sweeps share the name, hence one Speedup group: its 8 S = 4 runs take 1.0, 1.1, 1.2, 1.3
+# (A) and 1.0, 1.1, 1.2, 1.4 (B) s -> median 1.15 s, so S = 4 vs S = 1 = 0.8 / 1.15 = 0.70x per step;
+# trained samples/s: median of 16 / t = (16 / 1.1 + 16 / 1.2) / 2 = 13.94 vs 16 / 0.8 = 20 -> 0.70x.
+SPEED_STEPS = 8
+REFERENCE_STEP_S = 0.8
+SPEEDUP_S4_VS_S1 = 0.8 / 1.15
 
 
 def _per_problem_csv(scores: list[float], k: int = 2) -> str:
@@ -241,8 +251,10 @@ def _per_problem_csv(scores: list[float], k: int = 2) -> str:
 def add_shared_name_sweeps(uri: str, root: Path) -> dict[str, Any]:
     """Two parent runs named ``sweep-mpt_threshold`` (tag ulorl.sweep=mpt_threshold), each with its
     own sweep dir and Optuna study, and trial runs all named ``quickstart``: 3 search trials and a
-    baseline (tag ulorl.trial_role=baseline) per sweep, each with held-out metrics at steps 0 / 10 /
-    20, curves, and the per-problem CSV of its last eval. Returns ids by role."""
+    baseline (tag ulorl.trial_role=baseline, variant masking_off) per sweep, and in sweep B a
+    reference (role reference, variant non_segmented, rollout.segments 1) before the baseline, each
+    with held-out metrics at steps 0 / 10 / 20, curves, 8 steps of timing, and the per-problem CSV of
+    its last eval. Returns ids by role (``sweep_<key>_trials``: every trial, the baseline last)."""
     import optuna
 
     client = MlflowClient(tracking_uri=uri)
@@ -265,6 +277,8 @@ def add_shared_name_sweeps(uri: str, root: Path) -> dict[str, Any]:
                  "algo.mpt.sigma": optuna.distributions.FloatDistribution(0.03, 0.15)}
         kids = []
         entries = [(tau, sigma, scores, "search") for tau, sigma, scores in sweep["trials"]]
+        if "reference" in sweep:
+            entries.append((0.99, 0.08, sweep["reference"], "reference"))
         entries.append((0.99, 0.08, sweep["baseline"], "baseline"))
         for i, (tau, sigma, scores, role) in enumerate(entries):
             final = sum(scores) / len(scores)
@@ -272,15 +286,20 @@ def add_shared_name_sweeps(uri: str, root: Path) -> dict[str, Any]:
                 study.add_trial(optuna.trial.create_trial(params={"algo.mpt.tau": tau, "algo.mpt.sigma": sigma},
                                                           distributions=dists, value=final))
             heldout = schema.eval_metric("heldout", "avg_at_k")
+            step_s = REFERENCE_STEP_S if role == "reference" else 1.0 + 0.1 * i
             metrics = _metrics({"train/entropy": [0.08 - 0.01 * i, 0.07 - 0.01 * i, 0.06 - 0.005 * i],
-                                "time/step_s": [1.0 + 0.1 * i] * 3, "rollout/finished": [8.0, 8.0, 8.0]}, t0)
+                                "time/step_s": [step_s] * SPEED_STEPS, "rollout/finished": [8.0] * SPEED_STEPS,
+                                "train/samples": [16.0] * SPEED_STEPS}, t0)
             metrics += [Metric(heldout, v, t0 + 500 * (s + 1), s) for s, v in ((0, 0.25), (10, 0.3 + 0.02 * i), (20, final))]
             metrics += [Metric(schema.eval_metric("heldout", n), v, t0 + 20_000, 20)
                         for n, v in (("ci_low", max(0.0, final - 0.2)), ("ci_high", min(1.0, final + 0.2)))]
-            params = _train_params(4, "compact", "dynamic" if role == "search" else "off", sigma)
+            params = _train_params(1 if role == "reference" else 4, "compact",
+                                   "dynamic" if role == "search" else "off", sigma)
             params["algo.mpt.tau"] = str(tau)
             tags = {schema.KIND_TAG: "train", schema.EXPERIMENT_TAG: "quickstart", schema.PARENT_TAG: pid,
                     schema.TRIAL_TAG: f"{key.lower()}{i}", schema.ROLE_TAG: role, schema.SEED_TAG: "0"}
+            if role != "search":
+                tags[schema.VARIANT_TAG] = "non_segmented" if role == "reference" else "masking_off"
             rid = _log_run(client, exp_id, SHARED_NAME, tags, params, metrics, start_time=t0 + 1000 * i)
             client.log_text(rid, _per_problem_csv(scores), "eval/heldout_per_problem_step_000020.csv")
             kids.append(rid)

@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 from streamlit.testing.v1 import AppTest
 
-from dashboard_stores import build_real_store, build_written_store, cached_store, new_store
+from dashboard_stores import SPEEDUP_S4_VS_S1, build_real_store, build_written_store, cached_store, new_store
 from ulorl.dashboard import PAGES_DIR
 
 APP = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
@@ -264,7 +264,7 @@ def test_every_page_renders_with_real_runs(monkeypatch, real, page):
     assert_clean(at, page)
     if page == "runs":
         kinds = at.dataframe[0].value["kind"].value_counts().to_dict()
-        assert kinds.get("train") == 2 + 8 and kinds.get("eval", 0) >= 1 and kinds.get("sweep") == 2
+        assert kinds.get("train") == 2 + 9 and kinds.get("eval", 0) >= 1 and kinds.get("sweep") == 2  # 2 real + 4 + 5 trials
     elif page in ("curves", "speedup", "benchmarks"):
         assert charts(at), f"no chart on {page}"
 
@@ -275,8 +275,8 @@ def test_real_runs_filters_and_samples(monkeypatch, real):
     at.selectbox(key="runs_f_param").set_value("algo.mpt.mode").run()
     at.multiselect(key="runs_f_param_values").set_value(["off"]).run()
     rows = at.dataframe[0].value
-    # the real masking-off run and the two written sweep baselines (masking off)
-    assert len(rows) == 3 < n and set(rows["mask_mode"]) == {"off"} and real["train_off"] in set(rows["run_id"])
+    # the real masking-off run, the two written sweep baselines and sweep B's S = 1 reference (masking off)
+    assert len(rows) == 4 < n and set(rows["mask_mode"]) == {"off"} and real["train_off"] in set(rows["run_id"])
     go(at, "detail")
     at.selectbox(key="detail_run").set_value(real["train_dynamic"]).run()
     assert not at.exception
@@ -312,10 +312,16 @@ def test_runs_with_one_name_stay_apart_on_curves(monkeypatch, real):
     labels = data.groupby("run_id")["run"].unique()
     assert set(labels.index) == set(chosen)                                 # one series per run id
     assert all(len(v) == 1 for v in labels) and len({v[0] for v in labels}) == len(chosen)  # distinct labels
-    assert all(v[0].startswith("quickstart (") for v in labels)
+    # short labels: the two plain runs by name and id, sweep trials by role and swept values
+    assert labels[real["train_dynamic"]][0] == f"quickstart ({real['train_dynamic'][:8]})"
+    assert labels[real["sweep_B_trials"][0]][0] == "search tau=0.9 sigma=0.08"
+    assert labels[real["sweep_B_trials"][3]][0] == "reference non_segmented"
+    assert labels[real["sweep_B_trials"][-1]][0] == f"baseline masking_off ({real['sweep_B_trials'][-1][:8]})"
+    assert all(len(v[0]) <= 40 for v in labels)
+    assert set(data.groupby("run_id")["name"].first()) == {"quickstart"}     # the full name, for hover
     runs_table = open_app(monkeypatch, real["uri"]).dataframe[0].value
     train_labels = runs_table.loc[runs_table["kind"] == "train", "run"]
-    assert train_labels.is_unique and len(train_labels) == 10
+    assert train_labels.is_unique and len(train_labels) == 11
 
 
 def test_benchmarks_one_bar_per_run_and_paired_difference(monkeypatch, real):
@@ -325,15 +331,30 @@ def test_benchmarks_one_bar_per_run_and_paired_difference(monkeypatch, real):
     # the sweep's baseline (tag ulorl.trial_role=baseline) is the default baseline
     assert at.selectbox(key="bench_baseline").value == kids[-1]
     t = frame(at, "label", "diff")
-    assert t["label"].is_unique and len(t) == 4                             # one row (bar) per run
+    assert t["label"].is_unique and len(t) == 5                             # one row (bar) per run
     by_label = t.set_index("label")
     # sweep B trial 0 [1, 1, .5, .5] vs baseline [.5, .5, .5, 0]: per-problem differences
     # [.5, .5, 0, .5] -> mean 37.5 % points; resamples of them lie in [0, 50]
-    first = by_label.loc[f"quickstart ({kids[0][:8]})"]
+    first = by_label.loc["search tau=0.9 sigma=0.08"]
     assert first["diff"] == pytest.approx(37.5) and 0.0 <= first["diff_low"] <= 37.5 <= first["diff_high"] <= 50.0
     assert first["paired_problems"] == 4
-    assert pd.isna(by_label.loc[f"quickstart ({kids[-1][:8]})", "diff"])    # the baseline itself
+    assert pd.isna(by_label.loc[f"baseline masking_off ({kids[-1][:8]})", "diff"])    # the baseline itself
     assert len(charts(at)) == 2                                             # bars + difference chart
+
+
+def test_speedup_page_compares_the_sweeps_s4_with_its_s1_reference(monkeypatch, real):
+    """The sweep group (preferred over the loose runs of a config) holds S = 4 trials and the S = 1
+    reference: the page states the ratio, and why it is below 1 with the command of the other regime."""
+    at = open_app(monkeypatch, real["uri"], "speedup")
+    assert_clean(at, "speedup")
+    assert at.selectbox(key="speedup_group").value == "mpt_threshold"
+    t = frame(at, "batching", "step_speedup").set_index(["batching", "segments"])
+    assert t.loc[("compact", 4), "runs"] == 8 and t.loc[("compact", 1), "runs"] == 1
+    assert t.loc[("compact", 4), "step_speedup"] == pytest.approx(SPEEDUP_S4_VS_S1)      # 0.8 / 1.15
+    assert t.loc[("compact", 4), "trained_x"] == pytest.approx(((16 / 1.1 + 16 / 1.2) / 2) / 20)
+    text = " ".join(m.value for m in at.markdown)
+    assert "**S = 4 vs S = 1** (compact batching" in text and "**0.70x** time per step" in text
+    assert any("compaction on a CPU" in i.value and "ulorl-sim paper" in i.value for i in at.info)
 
 
 def test_sweep_page_separates_runs_of_one_sweep_name(monkeypatch, real):
@@ -342,7 +363,7 @@ def test_sweep_page_separates_runs_of_one_sweep_name(monkeypatch, real):
     assert box.value == real["sweep_B"]                                    # newest parent first
     assert real["sweep_A"] in box.options or any(real["sweep_A"][:8] in o for o in box.options)
     trials = frame(at, "run", "run_id", "status")
-    assert set(trials["run_id"]) == set(real["sweep_B_trials"])            # this sweep's 4 trials only
+    assert set(trials["run_id"]) == set(real["sweep_B_trials"])            # this sweep's 5 trials only
     assert trials["run"].is_unique
     study = frame(at, "param", "importance")                                # parent B's own Optuna study
     assert set(study["param"]) == {"algo.mpt.tau", "algo.mpt.sigma"}

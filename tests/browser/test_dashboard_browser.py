@@ -1,9 +1,14 @@
 """The dashboard in a real headless Chromium, driven over the DevTools protocol.
 
 Starts ``ulorl-dashboard`` on a free port against a store of REAL short training / eval runs that
-share one run name, plus two sweep parent runs of one sweep name (tests/dashboard_stores.py), loads
-every page, waits until Streamlit finished the script run and the page's charts / tables
-rendered, saves a full-page PNG of each, and fails if a page shows a Streamlit exception box.
+share one run name, plus two sweep parent runs of one sweep name, the newer with an S = 1 reference
+trial like the headline sweep's (tests/dashboard_stores.py), opens every page by its own URL (and
+the root URL, which must land on /runs), waits until Streamlit finished the script run and the
+page's charts / tables rendered, saves a full-page PNG of each, and fails if a page shows a
+Streamlit exception box or a dialog ("Page not found"). Per page it checks what the page is for:
+Speedup states S = 4 against S = 1 with a ratio, Benchmarks draws bars of visible thickness and
+length on a value axis with one short label per run, Curves' legend labels are unique and short,
+Sweep shows the newest sweep run's trials.
 
 Screenshots go to the test's tmp dir and are copied to ``$ULORL_DASHBOARD_SHOTS``
 (default ``<tmp>/dashboard_shots``). Needs Debian's ``chromium`` (``apt-get install -y chromium``).
@@ -25,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from cdp import Browser, find_chromium
-from dashboard_stores import build_real_store, cached_store
+from dashboard_stores import SPEEDUP_S4_VS_S1, build_real_store, cached_store
 
 # page url path -> (title, JS expression counting the elements that must be rendered, minimum)
 CHART = '[data-testid="stVegaLiteChart"] svg'
@@ -128,7 +133,7 @@ def test_every_page_renders_in_chromium(server, browser, real_store, tmp_path):
         t0 = time.monotonic()
         browser.reset_viewport()
         query = f"?run={real_store['train_dynamic']}" if path == "detail" else ""
-        browser.navigate(f"{server}/{'' if path == 'runs' else path}{query}")   # the default page lives at /
+        browser.navigate(f"{server}/{path}{query}")   # every page by its own URL, /runs included
         browser.wait_for(SCRIPT_DONE, timeout_s=90)
         browser.wait_for(f"Array.from(document.querySelectorAll('h1')).some(h => h.innerText.includes({json.dumps(title)}))",
                          timeout_s=60)
@@ -148,11 +153,20 @@ def test_every_page_renders_in_chromium(server, browser, real_store, tmp_path):
     print(json.dumps(report, indent=1))
 
 
+def test_root_url_lands_on_the_runs_page_at_its_own_url(server, browser):
+    browser.reset_viewport()
+    browser.navigate(f"{server}/")
+    browser.wait_for(SCRIPT_DONE, timeout_s=90)
+    browser.wait_for("Array.from(document.querySelectorAll('h1')).some(h => h.innerText.includes('Runs'))",
+                     timeout_s=60)
+    browser.wait_for("location.pathname === '/runs'", timeout_s=30)
+    dialogs = browser.evaluate("Array.from(document.querySelectorAll('[role=\"dialog\"]')).map(e => e.innerText)")
+    assert not dialogs, dialogs
+
+
 # Text of the legend labels / x-axis labels of the page's first chart (Vega renders SVG text).
 LEGEND = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')[0]"
           "?.querySelectorAll('.role-legend-label text') || []).map(t => t.textContent)")
-X_LABELS = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')[0]"
-            "?.querySelectorAll('.role-axis-label text') || []).map(t => t.textContent)")
 LINES = ("document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')[0]"
          "?.querySelectorAll('.mark-line path').length || 0")
 SELECT = ("(() => { const e = document.querySelector('[data-testid=\"stSelectbox\"]'); if (!e) return '';"
@@ -160,28 +174,59 @@ SELECT = ("(() => { const e = document.querySelector('[data-testid=\"stSelectbox
 
 
 def _curves(browser: Browser, store: dict) -> dict:
-    """The 6 newest training runs (all named ``quickstart``): 6 distinct legend entries."""
+    """The 6 newest training runs (all named ``quickstart``): 6 distinct, short legend entries, whole
+    (not cut with an ellipsis): the two plain runs by name and id, sweep trials by role and swept values."""
     legend = browser.evaluate(LEGEND)
     assert len(legend) == 6 and len(set(legend)) == 6, legend
-    assert all(label.startswith("quickstart (") for label in legend), legend
+    assert all(len(label) <= 40 and not label.endswith("…") for label in legend), legend
+    assert f"quickstart ({store['train_dynamic'][:8]})" in legend, legend
+    assert "reference non_segmented" in legend and any(x.startswith("search tau=") for x in legend), legend
     return {"legend": legend}
 
 
+# Bars of the page's first chart (Vega-Lite names the first layer's marks ``layer_0_marks``): their
+# rendered boxes, and the tick labels of its axes.
+BARS = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')[0]"
+        "?.querySelectorAll('.layer_0_marks path') || []).map(p => { const b = p.getBBox(); "
+        "return [b.width, b.height]; })")
+AXES = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChart\"]')[0]"
+        "?.querySelectorAll('.role-axis') || []).map(a => Array.from(a.querySelectorAll('.role-axis-label text'))"
+        ".map(t => t.textContent))")
+
+
 def _benchmarks(browser: Browser, store: dict) -> dict:
-    """One bar group per run: as many distinct x labels as runs with a held-out result (11)."""
-    labels = browser.evaluate(X_LABELS)
-    runs = [x for x in labels if x.startswith("quickstart (")]
-    assert len(runs) == len(set(runs)) == 10, labels   # 2 real + 8 sweep trials; + the eval run's label
-    return {"x_labels": labels}
+    """Horizontal bars: one short, distinct label per run on the y axis (12: 2 real runs, 9 sweep trials,
+    the eval run), a numeric avg@k axis, bars at least 4 px thick and visibly long."""
+    axes = browser.evaluate(AXES)
+    numeric = [a for a in axes if a and all(x.replace(".", "", 1).isdigit() for x in a)]
+    labels = next((a for a in axes if a and a not in numeric), [])
+    assert numeric and len(numeric[0]) >= 2, axes                       # the value axis has ticks
+    assert len(labels) == len(set(labels)) == 12, labels
+    assert all(len(x) <= 40 for x in labels), labels
+    bars = browser.evaluate(BARS)
+    assert len(bars) >= 12, bars
+    assert all(h >= 4 for _, h in bars), bars                           # thickness
+    assert sum(w >= 2 for w, _ in bars) >= len(bars) - 2, bars          # length (a score of 0 draws none)
+    return {"labels": labels, "value_axis": numeric[0], "bars": bars}
+
+
+def _speedup(browser: Browser, store: dict) -> dict:
+    """The sweep group: S = 4 against its S = 1 reference, with the ratio and why it is below 1."""
+    text = browser.evaluate("document.querySelector('[data-testid=\"stMain\"]').innerText")
+    ratio = f"{SPEEDUP_S4_VS_S1:.2f}x time per step"
+    assert "S = 4 vs S = 1" in text and ratio in text, text[:2000]
+    assert "compaction on a CPU" in text and "ulorl-sim paper" in text, text[:2000]
+    return {"ratio": ratio}
 
 
 def _sweep(browser: Browser, store: dict) -> dict:
-    """The newest sweep run only: its 4 trials are 4 lines in the parallel coordinates."""
+    """The newest sweep run only: its 5 trials (3 search, the S = 1 reference, the baseline) are 5 lines
+    in the parallel coordinates."""
     select = browser.evaluate(SELECT)
-    assert store["sweep_B"][:8] in select and "(4 trials)" in select, select
+    assert store["sweep_B"][:8] in select and "(5 trials)" in select, select
     lines = browser.evaluate(LINES)
-    assert lines == 4, lines
+    assert lines == 5, lines
     return {"select": select, "parallel_lines": lines}
 
 
-SERIES_CHECKS = {"curves": _curves, "benchmarks": _benchmarks, "sweep": _sweep}
+SERIES_CHECKS = {"curves": _curves, "benchmarks": _benchmarks, "speedup": _speedup, "sweep": _sweep}

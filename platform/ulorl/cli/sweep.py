@@ -19,7 +19,13 @@ def build_parser() -> argparse.ArgumentParser:
                 "A spec with a `baseline:` also runs the baseline (outside the searcher) and re-runs it and the\n"
                 "best trial on a second seed; the output ranks the trials with held-out intervals, the paired\n"
                 "difference vs the baseline on the same problems, a one-line verdict and the ulorl-train\n"
-                "command of the best config. The parent run keeps sweep/ranking.csv (columns: see README)."),
+                "command of the best config; a reference with purpose: speedup (an S = 1 trial) adds the speedup\n"
+                "of the trials' S against S = 1. The parent run keeps sweep/ranking.csv (columns: see\n"
+                "platform/ulorl/docs/runs.md).\n\n"
+                "The console shows one line per trial (a live table on a terminal; a line per state change in a\n"
+                "pipe or file); everything Ray, Tune and the trials print goes to\n"
+                "<output-dir>/sweeps/<name>/sweep.log.\n"
+                "Ctrl-C stops the sweep (exit 130, parent run KILLED) and prints the --resume command."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("sweep", help="sweep spec YAML (see sweeps/)")
@@ -33,13 +39,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", metavar="OFFSETS",
                    help="seed offsets to run, e.g. 3-7 or 0,2 (replaces the spec's repeats / baseline seeds; add seeds "
                         "in chunks, each launch its own MLflow parent, the claims pair them by their seeds)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show Ray Tune's status tables and the trials' output on the console too (they always go "
+                        "to sweep.log in the sweep's directory)")
     return p
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The ``ulorl-sweep ... --resume`` command that continues this invocation's sweep."""
+    import shlex
+
+    parts = ["ulorl-sweep", args.sweep]
+    for flag, value in (("--tracking-uri", args.tracking_uri), ("--address", args.address),
+                        ("--output-dir", None if args.output_dir == "runs" else args.output_dir),
+                        ("--num-cpus", args.num_cpus), ("--seeds", args.seeds)):
+        if value is not None:
+            parts += [flag, str(value)]
+    return " ".join(shlex.quote(x) for x in parts + ["--resume"])
 
 
 @json_command
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    from ulorl.quiet import quiet_libraries
+
+    quiet_libraries()
     from ulorl.sweep.spec import SweepError, load_sweep, with_seed_offsets
 
     try:
@@ -64,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
             reruns = [o for o in offs if o != 0]
             print(f"  + baseline {b.name} {json.dumps(b.overrides)} on seed offset(s) {','.join(map(str, offs))}"
                   + (f" and the best trial re-run on {','.join(map(str, reruns))}" if reruns else ""))
+        for ref in spec.references:
+            print(f"  + reference {ref.name} {json.dumps(ref.overrides)} (purpose {ref.purpose}) "
+                  f"on {ref.seeds} seed offset(s)")
         for t in trials:
             print("  " + json.dumps(t, default=str))
         if config_from_dict(base).rollout.engine == "vllm" and not vllm_available():
@@ -74,18 +102,31 @@ def main(argv: list[str] | None = None) -> int:
                        "baseline": spec.baseline.model_dump() if spec.baseline else None, "trials": trials},
                       default=str)
         return 0
-    from ulorl.sweep.launch import SweepRunner
+    from ulorl.sweep.launch import SweepAlreadyFinished, SweepInterrupted, SweepRunner
     from ulorl.sweep.ranking import print_summary
     from ulorl.tracking import TrackingStoreError
 
     try:
         runner = SweepRunner(args.sweep, tracking_uri=args.tracking_uri, address=args.address,
                              output_dir=args.output_dir, resume=args.resume, num_cpus=args.num_cpus,
+                             console=sys.stderr if args.json else sys.stdout, verbose=args.verbose,
                              seed_offsets=args.seeds)
         summary = runner.run()
     except (SweepError, FileNotFoundError, TrackingStoreError) as exc:
         print(f"ulorl-sweep: {exc}", file=sys.stderr)
         return 2
+    except SweepInterrupted as exc:
+        _report_interrupted(exc, args)
+        return 130
+    except SweepAlreadyFinished as exc:
+        print(f"ulorl-sweep: sweep {spec.name} already finished (parent run {exc.parent_run_id}, {exc.sweep_dir}); "
+              "nothing to resume, nothing logged again. Its result:")
+        summary = runner.finished_summary(exc.parent_run_id)
+        if args.json:
+            emit_json(summary, default=str)
+        else:
+            print_summary(summary, spec)
+        return 0
     if args.json:
         emit_json(summary, default=str)
     else:
@@ -96,6 +137,20 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + e.splitlines()[0], file=sys.stderr)
         return 1
     return 0
+
+
+def _report_interrupted(exc: object, args: argparse.Namespace) -> None:
+    """Which trials did not finish and how to continue; no ranking, no verdict."""
+    unfinished = list(getattr(exc, "unfinished", []))
+    not_started = int(getattr(exc, "not_started", 0))
+    out = sys.stderr
+    print(f"ulorl-sweep: interrupted; the parent run {getattr(exc, 'parent_run_id', None)} is marked KILLED "
+          "and no verdict is given.", file=out)
+    print(f"unfinished trials ({len(unfinished)} started"
+          + (f", {not_started} not started yet" if not_started else "") + "):", file=out)
+    for line in unfinished:
+        print("  " + line, file=out)
+    print(f"continue with:\n  {resume_command(args)}", file=out)
 
 
 if __name__ == "__main__":

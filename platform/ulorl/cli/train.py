@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate, print the resolved config and plan, start nothing")
     p.add_argument("--ray", action="store_true", help="run inside a Ray placement group (trainer workers + engine)")
     p.add_argument("--address", help="Ray cluster address for --ray (default: a local Ray on 127.0.0.1)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (default: a bar with step, reward, entropy, masked fraction and time "
+                        "per step on a terminal, one line per step elsewhere)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -52,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the following arguments are required: experiment")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    from ulorl.quiet import quiet_libraries
+
+    quiet_libraries()
     try:
         cfg = load_experiment(args.experiment, args.overrides)
     except ConfigError as exc:

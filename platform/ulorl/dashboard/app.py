@@ -6,14 +6,13 @@ installed), both of which only call :func:`main`.
 
 from __future__ import annotations
 
-import os
-
 import streamlit as st
 
 from ulorl.dashboard import PAGES_DIR, cache, ui
+from ulorl.quiet import quiet_libraries
 from ulorl.tracking import absolutize_uri, resolve_tracking_uri
 
-# (file under pages/, title, url path, icon)
+# (file under pages/, title, url path, icon); the root URL redirects to the first one
 PAGES: tuple[tuple[str, str, str, str], ...] = (
     ("runs.py", "Runs", "runs", ":material/table:"),
     ("curves.py", "Curves", "curves", ":material/show_chart:"),
@@ -39,12 +38,15 @@ def _sidebar() -> None:
 
 
 def main() -> None:
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    quiet_libraries()
     st.set_page_config(page_title="UloRL dashboard", page_icon=":material/monitoring:", layout="wide")
-    pages = [
-        st.Page(PAGES_DIR / fname, title=title, url_path=path, icon=icon, default=(i == 0))
-        for i, (fname, title, path, icon) in enumerate(PAGES)
-    ]
-    nav = st.navigation(pages)
+    pages = [st.Page(PAGES_DIR / fname, title=title, url_path=path, icon=icon) for fname, title, path, icon in PAGES]
+
+    def home() -> None:
+        """The root URL opens the first page at its own URL (``/runs``), so every page has one."""
+        st.switch_page(pages[0])
+
+    root = st.Page(home, title=PAGES[0][1], url_path="home", default=True, visibility="hidden")
+    nav = st.navigation([root, *pages])
     _sidebar()
     nav.run()

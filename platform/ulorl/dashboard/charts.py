@@ -16,6 +16,7 @@ from ulorl.dashboard import frames
 LayeredChart = Union[alt.LayerChart, alt.FacetChart]
 
 X_TITLES = {"step": "training step", "wall": "wall-clock (s since run start)"}
+LEGEND_LABEL_PX = 320   # short labels (role and swept values) fit whole; the full run name is on hover
 
 
 def _x(x: str) -> alt.X:
@@ -35,8 +36,9 @@ def curves_chart(curves: pd.DataFrame, metric: str, x: str = "step", log: bool =
     base = alt.Chart(curves).mark_line(point=len(curves) <= 60).encode(
         x=_x(x),
         y=_y("value", metric, log),
-        color=alt.Color("run:N", title="run"),
-        tooltip=["run:N", "step:Q", alt.Tooltip("raw:Q", format=".4g"), alt.Tooltip("value:Q", format=".4g")],
+        color=alt.Color("run:N", title="run", legend=alt.Legend(labelLimit=LEGEND_LABEL_PX)),
+        tooltip=["run:N", *(["name:N", "run_id:N"] if "name" in curves else []), "step:Q",
+                 alt.Tooltip("raw:Q", format=".4g"), alt.Tooltip("value:Q", format=".4g")],
     )
     layers = [base]
     if sigma is not None and not sigma.empty:
@@ -67,7 +69,9 @@ def small_multiples(curves: pd.DataFrame, height: int = 160) -> alt.FacetChart:
     """Several metrics of the selected runs, one small panel each (column ``metric``)."""
     return alt.Chart(curves).mark_line().encode(
         x=_x("step"), y=alt.Y("value:Q", title=None, scale=alt.Scale(zero=False)),
-        color=alt.Color("run:N"), tooltip=["run:N", "metric:N", "step:Q", alt.Tooltip("value:Q", format=".4g")],
+        color=alt.Color("run:N", legend=alt.Legend(labelLimit=LEGEND_LABEL_PX)),
+        tooltip=["run:N", *(["name:N"] if "name" in curves else []), "metric:N", "step:Q",
+                 alt.Tooltip("value:Q", format=".4g")],
     ).properties(height=height, width=260).facet(facet=alt.Facet("metric:N", title=None), columns=2).resolve_scale(
         y="independent")
 
@@ -89,21 +93,26 @@ def paper_table1_chart(table1: pd.DataFrame) -> alt.Chart:
 
 
 def benchmark_chart(table: pd.DataFrame) -> LayeredChart:
-    """avg@k per run and benchmark with the logged confidence interval as error bars; a benchmark
-    scored under several reward extraction modes gets one series per mode (``frames.bench_series``)."""
+    """avg@k per run and benchmark as horizontal bars (one row per run, its short label on the axis,
+    the full run name on hover) with the logged confidence interval as whiskers; a benchmark scored
+    under several reward extraction modes gets one series per mode (``frames.bench_series``)."""
     series = frames.bench_series(table) if "extraction" in table else table["bench"]
     table = table.assign(series=series)
-    enc = dict(x=alt.X("label:N", title=None, axis=alt.Axis(labelLimit=300)), xOffset="series:N")
+    order = list(dict.fromkeys(table["label"]))
+    enc = dict(y=alt.Y("label:N", title=None, sort=order, axis=alt.Axis(labelLimit=LEGEND_LABEL_PX)),
+               yOffset="series:N")
+    hover = ["label:N", *(["name:N"] if "name" in table else []), "series:N",
+             alt.Tooltip("avg_at_k:Q", format=".3f"), alt.Tooltip("pass_at_k:Q", format=".3f"),
+             alt.Tooltip("ci_low:Q", format=".3f"), alt.Tooltip("ci_high:Q", format=".3f"), "k:Q"]
     bars = alt.Chart(table).mark_bar().encode(
-        **enc, y=alt.Y("avg_at_k:Q", title="avg@k"), color=alt.Color("series:N", title="bench"),
-        tooltip=["label:N", "series:N", alt.Tooltip("avg_at_k:Q", format=".3f"),
-                 alt.Tooltip("pass_at_k:Q", format=".3f"), alt.Tooltip("ci_low:Q", format=".3f"),
-                 alt.Tooltip("ci_high:Q", format=".3f"), "k:Q"])
+        **enc, x=alt.X("avg_at_k:Q", title="avg@k (%)", scale=alt.Scale(domainMin=0)),
+        color=alt.Color("series:N", title="bench"), tooltip=hover)
+    height = 40 + 22 * max(1, len(order)) * max(1, table["series"].nunique())
     ci = table.dropna(subset=["ci_low", "ci_high"])
     if ci.empty:
-        return alt.layer(bars).properties(height=300)
-    err = alt.Chart(ci).mark_errorbar(ticks=True).encode(**enc, y=alt.Y("ci_low:Q", title="avg@k"), y2="ci_high:Q")
-    return alt.layer(bars, err).properties(height=300)
+        return alt.layer(bars).properties(height=height)
+    err = alt.Chart(ci).mark_errorbar(ticks=True).encode(**enc, x=alt.X("ci_low:Q", title="avg@k (%)"), x2="ci_high:Q")
+    return alt.layer(bars, err).properties(height=height)
 
 
 def difference_chart(diffs: pd.DataFrame) -> LayeredChart:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ulorl.dashboard.store import BEST_METRICS, PARAM_LABELS, unique_labels
+from ulorl.report import speed
 from ulorl.sweep.ranking import common_scores, paired_bootstrap
 from ulorl.tracking import schema
 
@@ -180,18 +181,21 @@ def curve_frame(
     ``hist``: one metric's long history (run_id, step, value, timestamp). ``x``: ``"step"`` or
     ``"wall"`` (seconds since the run started: the ``time/wall_s`` value at that step from
     ``wall`` when given, else the metric timestamp minus the run's start time).
-    Returns run_id, run (the run's unique label), step, x, raw, value (value = EMA-smoothed raw, per run).
+    Returns run_id, run (the run's unique short label, for legends), name (its full run name, for
+    hover), step, x, raw, value (value = EMA-smoothed raw, per run).
     """
-    cols = ["run_id", "run", "step", "x", "raw", "value"]
+    cols = ["run_id", "run", "name", "step", "x", "raw", "value"]
     if hist.empty:
         return pd.DataFrame(columns=cols)
     names = labels_of(runs)
+    full = dict(zip(runs["run_id"], runs["run_name"])) if "run_name" in runs else {}
     starts = dict(zip(runs["run_id"], runs["start_time"])) if "start_time" in runs else {}
     parts = []
     for run_id, h in hist.groupby("run_id", sort=False):
         h = h.sort_values("step", kind="stable").drop_duplicates("step", keep="last")
         part = pd.DataFrame({"run_id": run_id, "run": names.get(run_id, str(run_id)[:8]),
-                             "step": h["step"].to_numpy(), "raw": h["value"].to_numpy(dtype=float)})
+                             "name": full.get(run_id, str(run_id)), "step": h["step"].to_numpy(),
+                             "raw": h["value"].to_numpy(dtype=float)})
         if x == "wall":
             w = None
             if wall is not None and not wall.empty:
@@ -252,49 +256,48 @@ def sweep_groups(train: pd.DataFrame) -> pd.Series:
 
 
 def rollout_stats(hist: pd.DataFrame, skip: Optional[dict[str, int]] = None) -> pd.DataFrame:
-    """Per-run rollout timing from ``time/step_s``, ``rollout/finished`` and ``train/samples`` histories.
+    """Per-run rollout timing from ``time/step_s``, ``time/eval_s``, ``rollout/finished`` and
+    ``train/samples`` histories, by the rule of :mod:`ulorl.report.speed` (one home for it).
 
     ``skip``: run_id -> number of leading steps to leave out (the Speedup page passes each run's
-    segment count S: the pools reach steady state only after S steps). Returns run_id, steps (in
-    the window), first_step, median_step_s, total_s, finished, finished_per_s (= finished samples
-    summed / step seconds summed) and trained_per_s (= train/samples summed / step seconds summed;
-    NaN without train/samples). A run with no step in its window has steps 0 and NaN values.
+    segment count S: the steady window). Returns run_id, steps (in the window), first_step,
+    median_step_s, total_s, finished, finished_per_s (= finished samples summed / step seconds summed)
+    and trained_per_s (= train/samples summed / step seconds summed; NaN without train/samples); step
+    seconds leave out the held-out evaluation (``time/eval_s``). A run with no step in its window
+    has steps 0 and NaN values.
     """
     cols = ["run_id", "steps", "first_step", "median_step_s", "total_s", "finished", "finished_per_s", "trained_per_s"]
     if hist.empty:
         return pd.DataFrame(columns=cols)
     rows = []
     for run_id, h in hist.groupby("run_id", sort=False):
-        h = h[h["step"] > (skip or {}).get(run_id, 0)]
-        t = h[h["metric"] == "time/step_s"].drop_duplicates("step", keep="last")
-        f = h[h["metric"] == "rollout/finished"].drop_duplicates("step", keep="last")
-        n = h[h["metric"] == "train/samples"].drop_duplicates("step", keep="last")
-        total = float(t["value"].sum()) if len(t) else np.nan
-        finished = float(f["value"].sum()) if len(f) else np.nan
-        trained = float(n["value"].sum()) if len(n) else np.nan
-        rows.append({
-            "run_id": run_id,
-            "steps": int(t["step"].nunique()) if len(t) else 0,
-            "first_step": int(t["step"].min()) if len(t) else np.nan,
-            "median_step_s": float(t["value"].median()) if len(t) else np.nan,
-            "total_s": total,
-            "finished": finished,
-            "finished_per_s": finished / total if total and total > 0 else np.nan,
-            "trained_per_s": trained / total if total and total > 0 else np.nan,
-        })
+        by = {key: dict(zip(g["step"].astype(int), g["value"].astype(float)))
+              for key, g in h.sort_values(["step", "timestamp"], kind="stable").groupby("metric")}
+        st = speed.run_speed(by.get(speed.STEP_TIME, {}), (skip or {}).get(str(run_id), 0),
+                             trained=by.get(speed.TRAINED), finished=by.get(speed.FINISHED),
+                             eval_s=by.get(speed.EVAL_TIME))
+        if st is None:
+            rows.append({"run_id": run_id, "steps": 0, "first_step": np.nan, "median_step_s": np.nan,
+                         "total_s": np.nan, "finished": np.nan, "finished_per_s": np.nan, "trained_per_s": np.nan})
+        else:
+            rows.append({"run_id": run_id, "steps": st.steps, "first_step": st.first_step,
+                         "median_step_s": st.median_step_s, "total_s": st.total_s, "finished": st.finished,
+                         "finished_per_s": st.finished_per_s, "trained_per_s": st.trained_per_s})
     return pd.DataFrame(rows, columns=cols)
 
 
 def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Time per step and throughput by (batching, segments), relative to S = 1 of the same batching.
 
-    ``stats``: output of :func:`rollout_stats`. Runs sharing (batching, segments) (seeds) are
-    averaged. Returns batching, segments, runs, median_step_s, finished_per_s,
+    ``stats``: output of :func:`rollout_stats`. Runs sharing (batching, segments) (seeds, trials)
+    give the median of their per-run values (:func:`ulorl.report.speed.median_of`, Table 1's rule).
+    Returns batching, segments, runs, median_step_s, finished_per_s, trained_per_s,
     step_speedup (= median_step_s at S=1 / median_step_s), throughput_x (= finished_per_s /
-    finished_per_s at S=1); the relative columns are NaN when the batching has no S = 1 run.
+    finished_per_s at S=1), trained_x (= trained_per_s / trained_per_s at S=1); the relative
+    columns are NaN when the batching has no S = 1 run.
     """
     cols = ["batching", "segments", "runs", "median_step_s", "finished_per_s", "trained_per_s", "step_speedup",
-            "throughput_x"]
+            "throughput_x", "trained_x"]
     if stats.empty:
         return pd.DataFrame(columns=cols)
     seg_col, bat_col = param_col("rollout.segments"), param_col("rollout.batching")
@@ -310,13 +313,30 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     df["segments"] = df["segments"].astype(int)
     agg = df.groupby(["batching", "segments"], sort=True).agg(
-        runs=("run_id", "size"), median_step_s=("median_step_s", "mean"), finished_per_s=("finished_per_s", "mean"),
-        trained_per_s=("trained_per_s", "mean"),
+        runs=("run_id", "size"), median_step_s=("median_step_s", speed.median_of),
+        finished_per_s=("finished_per_s", speed.median_of), trained_per_s=("trained_per_s", speed.median_of),
     ).reset_index()
     base = agg[agg["segments"] == 1].set_index("batching")
     agg["step_speedup"] = agg["batching"].map(base["median_step_s"]) / agg["median_step_s"]
     agg["throughput_x"] = agg["finished_per_s"] / agg["batching"].map(base["finished_per_s"])
+    agg["trained_x"] = agg["trained_per_s"] / agg["batching"].map(base["trained_per_s"])
     return agg[cols]
+
+
+def speedups(table: pd.DataFrame) -> list[speed.Speedup]:
+    """Every S > 1 row of a :func:`speedup_table` against the S = 1 row of its batching (none without one)."""
+    out = []
+    for batching, g in table.groupby("batching", sort=True):
+        base = g[g["segments"] == 1]
+        if base.empty:
+            continue
+        b = base.iloc[0]
+        for _, r in g[g["segments"] > 1].iterrows():
+            out.append(speed.Speedup(
+                segments=int(r["segments"]), batching=str(batching), runs=int(r["runs"]), reference_runs=int(b["runs"]),
+                step_s=float(r["median_step_s"]), reference_step_s=float(b["median_step_s"]),
+                trained_per_s=float(r["trained_per_s"]), reference_trained_per_s=float(b["trained_per_s"])))
+    return out
 
 
 # ----------------------------------------------------------------------------- benchmarks
@@ -328,10 +348,12 @@ def benchmarks_in(runs: pd.DataFrame) -> list[str]:
 
 
 def run_label(runs: pd.DataFrame) -> pd.Series:
-    """``ulorl.model_label`` tag when set, else the run name; made unique like
+    """``ulorl.model_label`` tag when set, else the run's short label (``load_runs``' ``label``: role and
+    swept values for a sweep trial), else its name; made unique like
     :func:`~ulorl.dashboard.store.unique_labels` (two runs never share a bar)."""
     label = runs["model_label"] if "model_label" in runs else pd.Series(None, index=runs.index)
-    names = label.where(label.notna() & (label.astype("string") != ""), runs["run_name"])
+    short = runs["label"] if "label" in runs else runs["run_name"]
+    names = label.where(label.notna() & (label.astype("string") != ""), short)
     return pd.Series(unique_labels(list(runs["run_id"]), list(names)), index=runs.index)
 
 
@@ -341,10 +363,11 @@ def _present(v: Any) -> Any:
 
 
 def benchmark_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, benchmark) with an avg@k: run_id, label, kind, bench, k, extraction (the
-    reward's answer extraction mode; ``boxed`` for runs older than the mode), avg_at_k, pass_at_k,
-    ci_low, ci_high (values as logged)."""
-    cols = ["run_id", "label", "kind", "bench", "k", "extraction", "avg_at_k", "pass_at_k", "ci_low", "ci_high"]
+    """One row per (run, benchmark) with an avg@k: run_id, label (short, unique), name (the full run
+    name), kind, bench, k, extraction (the reward's answer extraction mode; ``boxed`` for runs older
+    than the mode), avg_at_k, pass_at_k, ci_low, ci_high (values as logged)."""
+    cols = ["run_id", "label", "name", "kind", "bench", "k", "extraction", "avg_at_k", "pass_at_k", "ci_low",
+            "ci_high"]
     rows = []
     labels = run_label(runs) if not runs.empty else pd.Series(dtype=object)
     for bench in benchmarks_in(runs):
@@ -356,7 +379,8 @@ def benchmark_table(runs: pd.DataFrame) -> pd.DataFrame:
             if (k is None or pd.isna(k)) and "params.eval.k" in r:
                 k = r.get("params.eval.k")
             rows.append({
-                "run_id": r["run_id"], "label": labels[idx], "kind": r["kind"], "bench": bench,
+                "run_id": r["run_id"], "label": labels[idx], "name": r.get("run_name", r["run_id"]),
+                "kind": r["kind"], "bench": bench,
                 "k": pd.to_numeric(k, errors="coerce") if k is not None else np.nan,
                 "extraction": _present(r.get(f"tags.{schema.EXTRACTION_TAG}"))
                 or _present(r.get(f"params.{schema.EXTRACTION_PARAM}")) or "boxed",

@@ -19,6 +19,7 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
 from ulorl.sweep.ranking import parse_per_problem_csv
+from ulorl.sweep.spec import values_summary
 from ulorl.tracking import schema
 
 # Metrics whose maximum over the run's history is shown as "best" in the runs table.
@@ -94,10 +95,58 @@ def unique_labels(run_ids: Sequence[str], names: Sequence[Optional[str]]) -> lis
     return out
 
 
+def _typed(text: Any) -> Any:
+    """A param as logged (a string) back to a number where it is one: ``"0.0931234" -> 0.0931234``."""
+    if not isinstance(text, str):
+        return text
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def trial_label(role: str, variant: Optional[str], seed_offset: Any, values: dict[str, Any]) -> str:
+    """Short name of a sweep trial for legends: its role and what was swept,
+    ``trial_label("search", None, "0", {"algo.mpt.tau": "0.9", "algo.mpt.sigma": "0.0931234"}) ==
+    "search tau=0.9 sigma=0.0931"``; baseline and reference trials name their variant
+    (``baseline masking_off seed+1``, ``reference non_segmented``)."""
+    try:
+        seed = int(float(seed_offset))
+    except (TypeError, ValueError):
+        seed = 0
+    swept = values_summary({k: _typed(v) for k, v in values.items()}) if role in ("search", "rerun") else ""
+    parts = (role, variant or "", swept, f"seed+{seed}" if seed else "")
+    return " ".join(p for p in parts if p)
+
+
+def short_names(df: pd.DataFrame) -> list[str]:
+    """Each run's short name: :func:`trial_label` for a sweep trial (tag ``ulorl.trial_role``; the swept
+    keys come from its parent's ``space.<key>`` params), else its run name."""
+    space: dict[str, list[str]] = {}
+    for _, r in df[df["kind"] == "sweep"].iterrows():
+        space[r["run_id"]] = [c[len("params.space."):] for c in df.columns
+                              if c.startswith("params.space.") and isinstance(r.get(c), str)]
+    role_col, seed_col = f"tags.{schema.ROLE_TAG}", f"tags.{schema.SEED_TAG}"
+    out = []
+    for _, r in df.iterrows():
+        role = r.get(role_col)
+        if not isinstance(role, str) or not role:
+            out.append(r["run_name"])
+            continue
+        keys = space.get(r.get("parent_run_id") or "", [])
+        values = {k: r.get(f"params.{k}") for k in keys if isinstance(r.get(f"params.{k}"), str)}
+        variant = r.get("variant") if isinstance(r.get("variant"), str) else None
+        out.append(trial_label(role, variant, r.get(seed_col), values))
+    return out
+
+
 def load_runs(client: MlflowClient, best_metrics: Iterable[str] = BEST_METRICS) -> pd.DataFrame:
     """One row per active run of every active experiment.
 
-    Columns: run_id, run_name, label (unique display name, :func:`unique_labels`), experiment,
+    Columns: run_id, run_name, label (unique short display name: :func:`short_names` made unique by
+    :func:`unique_labels`), experiment,
     experiment_id, kind, status, start_time, end_time, duration_s, parent_run_id, parent, sweep, config,
     variant, paper_ref, model_label, benchmark,
     steps, ``params.<key>`` (strings as logged), ``metrics.<key>`` (latest value),
@@ -144,7 +193,7 @@ def load_runs(client: MlflowClient, best_metrics: Iterable[str] = BEST_METRICS) 
         return pd.DataFrame(columns=["run_id", "run_name", "label", "experiment", "kind", "status"])
     if "steps" not in df:
         df["steps"] = pd.NA
-    df.insert(2, "label", unique_labels(list(df["run_id"]), list(df["run_name"])))
+    df.insert(2, "label", unique_labels(list(df["run_id"]), short_names(df)))
     names = dict(zip(df["run_id"], df["run_name"]))
     kind_of = dict(zip(df["run_id"], df["kind"]))
     tag_of = {r: t for r, t in zip(df["run_id"], df["sweep_tag"]) if isinstance(t, str) and t}

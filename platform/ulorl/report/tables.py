@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ulorl.report import paper
+from ulorl.report import paper, speed
 from ulorl.report.store import RunInfo, RunSource
 from ulorl.tracking import schema
 
@@ -162,26 +162,15 @@ def simulator_table1(segments: list[int]) -> Optional[dict[int, tuple[float, boo
     return {int(r["segments"]): (float(r["predicted_step_s"]), bool(r.get("fitted_on"))) for r in res["rows"]}
 
 
-def steady_window(steps: Sequence[int], values: Sequence[float], segments: int) -> list[tuple[int, float]]:
-    """(step, value) pairs after the first ``segments`` steps. With S segments a response admitted
-    at step k can finish as late as step k + S - 1, so the pools (and the number of samples trained
-    per step) reach steady state only after S steps; before that large S trains fewer samples per
-    step and looks faster per step than it is. ``steady_window([1, 2, 3], [9, 1, 2], 1) == [(2, 1), (3, 2)]``."""
-    return [(st, v) for st, v in zip(steps, values) if st > segments]
-
-
 def steady_stats(store: RunSource, run: RunInfo, segments: int) -> Optional[dict[str, float]]:
-    """Median ``time/step_s`` and trained samples per second (``train/samples`` summed / step
-    seconds summed) over the steady window; None when the run has no step in it."""
-    steps, times = store.history(run.run_id, "time/step_s")
-    window = steady_window(steps, times, segments)
-    if not window:
+    """Median step time and trained samples per second over the steady window
+    (:func:`ulorl.report.speed.run_speed`: steps after the first S, evaluation time left out);
+    None when the run has no step in it."""
+    hist = {key: dict(zip(*store.history(run.run_id, key))) for key in speed.SPEED_METRICS}
+    stats = speed.run_speed(hist[speed.STEP_TIME], segments, trained=hist[speed.TRAINED], eval_s=hist[speed.EVAL_TIME])
+    if stats is None:
         return None
-    trained = dict(zip(*store.history(run.run_id, "train/samples")))
-    total_s = sum(v for _, v in window)
-    samples = sum(trained.get(st, 0.0) for st, _ in window)
-    return {"median_step_s": statistics.median(v for _, v in window), "steps": float(len(window)),
-            "trained_per_s": samples / total_s if total_s > 0 else float("nan")}
+    return {"median_step_s": stats.median_step_s, "steps": float(stats.steps), "trained_per_s": stats.trained_per_s}
 
 
 def build_table1(
@@ -190,7 +179,7 @@ def build_table1(
     simulator: Callable[[list[int]], Optional[dict[int, tuple[float, bool]]]] = simulator_table1,
 ) -> Table:
     """Median ``time/step_s`` and trained samples/s per (segments, batching) from training runs
-    tagged table1, over each run's steady window (:func:`steady_window`: steps after the first S).
+    tagged table1, over each run's steady window (:mod:`ulorl.report.speed`: steps after the first S).
 
     A cell with several runs (seeds) shows the median of the per-run values. Speedup =
     time(S=1) / time(S) within the same batching regime.
@@ -263,8 +252,9 @@ def build_table1(
             rows.append([label(s), label(b), t_cell, tr_cell, sp_cell, n_cell, p_time, p_sp, sim_t, sim_sp])
     notes = [
         "Ours: steady window = the steps after the first S of each run (with S segments the pools fill, and the "
-        "samples trained per step settle, only after S steps); median time/step_s and trained samples/s "
-        "(train/samples / time/step_s, summed) over that window of each training run tagged ulorl.paper_ref=table1"
+        "samples trained per step settle, only after S steps); median time/step_s (less time/eval_s) and trained "
+        "samples/s (train/samples / step time, summed) over that window of each training run tagged "
+        "ulorl.paper_ref=table1"
         + (f" (rollout.max_response_len={', '.join(sorted(lens))})" if lens else "")
         + "; speedup = time(S=1)/time(S) within a batching regime.",
         f"Paper: {paper.TABLE1_SETTING['model']}, 64k outputs (Table 1). Sim.: ulorl.report.simulator at paper scale "

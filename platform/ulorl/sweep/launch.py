@@ -14,13 +14,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict, flatten_config
+from ulorl.quiet import quiet_libraries
 from ulorl.scale.placement import PlacementError
 from ulorl.sweep import ranking
+from ulorl.sweep.capture import OutputCapture
+from ulorl.sweep.console import SweepView
 from ulorl.sweep.placed import check_trials_fit, describe_resources, needs_placement, run_placed_trial, trial_resources
 from ulorl.sweep.server import MlflowServer
 from ulorl.sweep.spec import (
@@ -31,6 +36,7 @@ from ulorl.sweep.spec import (
     load_sweep,
     seed_overrides,
     trial_run_name,
+    values_summary,
     with_seed_offsets,
 )
 from ulorl.tracking import resolve_tracking_uri, schema
@@ -40,6 +46,7 @@ from ulorl.train.checkpoint import LATEST, checkpoint_root, latest_checkpoint
 from ulorl.train.trainer import Trainer
 
 STATE_FILE = "sweep_state.json"
+LOG_FILE = "sweep.log"   # everything the driver, Ray, Tune and the trials print (ulorl-sweep's console shows less)
 FAIL_ENV = "ULORL_INJECT_FAILURE"   # "STEP:MARKER_PATH": fail once at STEP (tests of fault tolerance)
 
 
@@ -53,6 +60,7 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any], credentials: Optional
     """
     import ray.tune as tune
 
+    quiet_libraries()
     install_credentials(credentials or {})
     ctx = tune.get_context()
     trial_id = ctx.get_trial_id()
@@ -186,7 +194,55 @@ def describe_trials(spec: SweepSpec, base: dict[str, Any], base_path: str | Path
              "resources": res} for i in range(spec.num_samples)]
 
 
+class SweepInterrupted(Exception):
+    """The sweep was stopped (Ctrl-C / SIGINT) before every trial finished: its parent run is KILLED,
+    ``ulorl-sweep SPEC --resume`` continues it."""
+
+    def __init__(self, unfinished: list[str], not_started: int, parent_run_id: Optional[str], sweep_dir: Path):
+        super().__init__(f"sweep interrupted with {len(unfinished)} unfinished trial(s)")
+        self.unfinished = unfinished
+        self.not_started = not_started
+        self.parent_run_id = parent_run_id
+        self.sweep_dir = sweep_dir
+
+
+class SweepAlreadyFinished(Exception):
+    """``--resume`` of a sweep whose parent run finished: nothing is run or logged again."""
+
+    def __init__(self, parent_run_id: str, sweep_dir: Path):
+        super().__init__(f"sweep already finished (parent run {parent_run_id}, {sweep_dir})")
+        self.parent_run_id = parent_run_id
+        self.sweep_dir = sweep_dir
+
+
+class _SigintFlag:
+    """While a sweep runs (main thread), SIGINT sets ``runner._sigint`` and raises KeyboardInterrupt as
+    Python's default handler does; the flag tells an interruption apart however Ray re-raises it."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.old: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.runner._sigint = True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> _SigintFlag:
+        self.runner._sigint = False
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+
+
 class SweepRunner:
+    """Runs one sweep spec. With ``console`` (``ulorl-sweep`` passes its stdout) the driver's and
+    the trials' output goes to ``<sweep dir>/sweep.log`` and the console shows the sweep's own view
+    (``verbose``: Tune's output too); without it, output is left as it is (library use, tests)."""
+
     def __init__(
         self,
         sweep_path: str | Path,
@@ -196,6 +252,8 @@ class SweepRunner:
         output_dir: Optional[str | Path] = None,
         resume: bool = False,
         num_cpus: Optional[int] = None,
+        console: Optional[TextIO] = None,
+        verbose: bool = False,
         seed_offsets: Optional[str] = None,
     ) -> None:
         self.sweep_path = Path(sweep_path).resolve()
@@ -209,23 +267,41 @@ class SweepRunner:
         self.sweep_dir = self.output_dir / "sweeps" / self.spec.name
         self.resume = resume
         self.num_cpus = num_cpus
+        self.console = console
+        self.verbose = verbose
         self._server: Any = None
+        self._view: Optional[SweepView] = None
+        self._sigint = False
 
     # ---------------------------------------------------------------- tracking
-    def _parent_run(self) -> str:
-        state_path = self.sweep_dir / STATE_FILE
+    def _choose_sweep_dir(self) -> None:
+        """``--resume``: the sweep's latest directory (it must hold the sweep state); else a new one
+        (timestamped when the plain name is taken), recorded as the latest."""
+        latest = self.output_dir / "sweeps" / f"{self.spec.name}.latest"
         if self.resume:
-            if not state_path.is_file():
-                raise FileNotFoundError(f"--resume: no sweep state at {state_path}; "
+            if latest.is_file():
+                self.sweep_dir = Path(latest.read_text().strip())
+            if not (self.sweep_dir / STATE_FILE).is_file():
+                raise FileNotFoundError(f"--resume: no sweep state at {self.sweep_dir / STATE_FILE}; "
                                         "run the sweep without --resume first")
-            state = json.loads(state_path.read_text())
-            check_resume_offsets(state.get("seed_offsets"), self.spec)
-            RunTracker.resume(self.tracking_uri, state["parent_run_id"])
-            return state["parent_run_id"]
+            return
         if self.sweep_dir.exists():
             stamp = time.strftime("%Y%m%d-%H%M%S")
             self.sweep_dir = self.sweep_dir.with_name(f"{self.spec.name}-{stamp}")
         self.sweep_dir.mkdir(parents=True, exist_ok=True)
+        latest.write_text(str(self.sweep_dir))
+
+    def _parent_run(self) -> str:
+        state_path = self.sweep_dir / STATE_FILE
+        if self.resume:
+            state = json.loads(state_path.read_text())
+            check_resume_offsets(state.get("seed_offsets"), self.spec)
+            from mlflow.tracking import MlflowClient
+
+            if MlflowClient(self.tracking_uri).get_run(state["parent_run_id"]).info.status == "FINISHED":
+                raise SweepAlreadyFinished(state["parent_run_id"], self.sweep_dir)
+            RunTracker.resume(self.tracking_uri, state["parent_run_id"])
+            return state["parent_run_id"]
         base_cfg = config_from_dict(self.base, str(self.base_path))
         experiment = self.spec.experiment or base_cfg.tracking.experiment
         space_params: dict[str, Any] = {f"space.{k}": json.dumps(d.model_dump(exclude_none=True))
@@ -250,7 +326,6 @@ class SweepRunner:
         tracker.log_text(self.sweep_path.read_text(), "sweep/spec.yaml")
         state_path.write_text(json.dumps({"parent_run_id": tracker.run_id, "experiment": experiment,
                                           "tracking_uri": self.store_uri, "seed_offsets": self.spec.seed_offsets}))
-        (self.output_dir / "sweeps" / f"{self.spec.name}.latest").write_text(str(self.sweep_dir))
         return tracker.run_id
 
     def _trial_uri(self) -> str:
@@ -303,17 +378,52 @@ class SweepRunner:
 
     # ---------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
+        """Run (or, with ``resume``, continue) the sweep and return its summary (:func:`ranking.summarize`
+        plus ``errors``, ``parent_run_id``, ``sweep_dir``). Raises :class:`SweepInterrupted` when
+        stopped by SIGINT, :class:`SweepAlreadyFinished` on a resume of a finished sweep."""
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        # Ctrl-C must reach the driver as KeyboardInterrupt: Tune's own SIGINT handler ends fit() as if the
+        # sweep were done (stopped trials can look finished or failed), and the summary would follow.
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+        quiet_libraries()
+        self._choose_sweep_dir()
+        with _SigintFlag(self):
+            return self._run_with_console()
+
+    def _run_with_console(self) -> dict[str, Any]:
+        if self.console is None:
+            return self._run()
+        try:
+            console_fd = self.console.fileno()
+        except (AttributeError, OSError, ValueError):   # a stream without a descriptor (tests' capture)
+            console_fd = 1
+        with OutputCapture(self.sweep_dir / LOG_FILE, echo=self.verbose, console_fd=console_fd) as cap:
+            live = not self.verbose and cap.console.isatty()
+            self._view = SweepView(self.spec.name, self.planned_trials(), self._steps_per_trial(), self.spec.metrics[0],
+                                   cap.console, live=live)
+            self._view.start()
+            try:
+                return self._run()
+            finally:
+                self._view.close()
+
+    def _run(self) -> dict[str, Any]:
         import ray
         from ray import tune
 
-        if self.resume:
-            latest = self.output_dir / "sweeps" / f"{self.spec.name}.latest"
-            if latest.is_file():
-                self.sweep_dir = Path(latest.read_text().strip())
-        trial_uri = self._trial_uri()
+        from ulorl.sweep import tune_events
+
+        key = str(self.sweep_dir)
+        if self._view is not None:
+            tune_events.register(key, self._view, self.describe_trial, self.spec.metrics[0])
+        # A new list per tuner: Tune appends its own callbacks to the list it is given.
+        def callbacks() -> list[Any]:
+            return [tune_events.ViewCallback(key)] if self._view is not None else []
+
+        parent: Optional[str] = None
         saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
         try:
+            trial_uri = self._trial_uri()
             if self._server is not None:  # the driver writes through the server too (proxied artifacts)
                 os.environ.update(self._server.client_env())
                 self.tracking_uri = trial_uri
@@ -328,35 +438,50 @@ class SweepRunner:
                 check_trials_fit(self._trial_configs())
             except PlacementError as exc:
                 raise SweepError(str(exc)) from None
-            meta = {
-                "base_dict": self.base, "base_path": str(self.base_path), "sweep_dir": str(self.sweep_dir),
-                "sweep_name": self.spec.name, "parent_run_id": parent, "trial_tracking_uri": trial_uri,
-                "tags": dict(self.spec.tags), "metrics": self.spec.metrics, "cpu": self.spec.resources.cpu,
-                "fixed": {**self.spec.overrides,
-                          **({"train.max_steps": self.spec.stop.steps} if self.spec.stop.steps else {}),
-                          **({"train.max_wall_s": self.spec.stop.wall_s} if self.spec.stop.wall_s else {})},
-            }
-            if self.spec.search.algorithm == "grid":
-                meta["grid"] = [{"trial_overrides": t["overrides"], "variant": t["variant"], "repeat": t["repeat"],
-                                 "trial_tags": t["tags"]} for t in grid_trials(self.spec)]
+            meta = self._meta(parent, trial_uri)
             trainable = tune.with_resources(tune.with_parameters(trial_fn, meta=meta,
                                                                  credentials=self._trial_credentials()),
                                             self._resources(meta))
             storage = str(self.sweep_dir / "tune")
-            if self.resume and tune.Tuner.can_restore(os.path.join(storage, self.spec.name)):
-                tuner = tune.Tuner.restore(os.path.join(storage, self.spec.name), trainable,
-                                           resume_unfinished=True, resume_errored=True)
+            main_path = os.path.join(storage, self.spec.name)
+            if self.resume and tune.Tuner.can_restore(main_path):
+                tuner = tune.Tuner.restore(main_path, trainable, resume_unfinished=True, resume_errored=True)
             else:
-                tuner = self._new_tuner(trainable, meta, storage)
+                tuner = self._new_tuner(trainable, meta, storage, callbacks())
             results = tuner.fit()
+            self._raise_if_cut_short(results, self._search_count(), parent)
             errors = _trial_errors(results)
-            if self.spec.baseline is not None:
-                extra = tune.Tuner(trainable, **self._extra_tuner_kwargs(results))
-                errors += _trial_errors(extra.fit())
+            if self._has_extra_trials():
+                extra_path = os.path.join(storage, f"{self.spec.name}-baseline")
+                if self.resume and tune.Tuner.can_restore(extra_path):
+                    extra = tune.Tuner.restore(extra_path, trainable, resume_unfinished=True, resume_errored=True)
+                    expected = None
+                else:
+                    kwargs = self._extra_tuner_kwargs(results, callbacks())
+                    expected = len(kwargs["param_space"]["__extra__"]["grid_search"])
+                    extra = tune.Tuner(trainable, **kwargs)
+                extra_results = extra.fit()
+                self._raise_if_cut_short(extra_results, expected, parent)
+                errors += _trial_errors(extra_results)
             ray.shutdown()
             summary = self._finish(parent)
+        except KeyboardInterrupt:  # Ctrl-C (SIGINT) anywhere: trials stop with Ray, then the runs are marked
+            ray.shutdown()
+            raise self._interrupted(parent) from None
+        except (SweepInterrupted, SweepAlreadyFinished):
+            raise
+        except Exception:
+            if self._sigint:   # a KeyboardInterrupt raised inside Ray's C code surfaces as SystemError
+                ray.shutdown()
+                raise self._interrupted(parent) from None
+            if parent is not None:   # the sweep cannot go on: its parent run says so (a --resume may continue)
+                from mlflow.tracking import MlflowClient
+
+                MlflowClient(self.tracking_uri).set_terminated(parent, status="FAILED")
+            raise
         finally:
             ray.shutdown()
+            tune_events.unregister(key)
             if self._server is not None:
                 self._server.stop()
             for k, v in saved_env.items():
@@ -368,7 +493,78 @@ class SweepRunner:
         summary["errors"] = errors
         return summary
 
-    def _new_tuner(self, trainable: Any, meta: dict[str, Any], storage: str) -> Any:
+    def _meta(self, parent: str, trial_uri: str) -> dict[str, Any]:
+        """The sweep-wide settings every trial gets (``trial_fn``'s ``meta``)."""
+        meta = {
+            "base_dict": self.base, "base_path": str(self.base_path), "sweep_dir": str(self.sweep_dir),
+            "sweep_name": self.spec.name, "parent_run_id": parent, "trial_tracking_uri": trial_uri,
+            "tags": dict(self.spec.tags), "metrics": self.spec.metrics, "cpu": self.spec.resources.cpu,
+            "fixed": ranking.fixed_overrides(self.spec),
+        }
+        if self.spec.search.algorithm == "grid":
+            meta["grid"] = [{"trial_overrides": t["overrides"], "variant": t["variant"], "repeat": t["repeat"],
+                             "trial_tags": t["tags"]} for t in grid_trials(self.spec)]
+        return meta
+
+    # ---------------------------------------------------------------- console and interruption
+    def _search_count(self) -> int:
+        """Trials of the searcher phase (grid: every grid point x num_samples)."""
+        spec = self.spec
+        return len(grid_trials(spec)) * spec.num_samples if spec.search.algorithm == "grid" else spec.num_samples
+
+    def _has_extra_trials(self) -> bool:
+        return self.spec.baseline is not None or bool(self.spec.references)
+
+    def planned_trials(self) -> int:
+        """Every trial the sweep runs: search, then baseline, re-runs of the best and references."""
+        return self._search_count() + (len(self._extra_entries({})) if self._has_extra_trials() else 0)
+
+    def _steps_per_trial(self) -> int:
+        steps = ranking.fixed_overrides(self.spec).get("train.max_steps")
+        return int(steps or config_from_dict(self.base, str(self.base_path)).train.max_steps)
+
+    def describe_trial(self, config: dict[str, Any]) -> tuple[str, str]:
+        """(role, short values) of a trial from its Tune config, as the console shows it:
+        ``("search", "tau=0.9 sigma=0.0931")``, ``("baseline", "masking_off seed+1")``."""
+        space = list(self.spec.space)
+        if "__extra__" in config:
+            e = config["__extra__"]
+            role = str(e.get("role", ranking.ROLE_BASELINE))
+            overrides = dict(e.get("trial_overrides") or {})
+            text = values_summary(overrides) if role == ranking.ROLE_RERUN else str(e.get("variant") or "")
+            rep = int(e.get("repeat", 0))
+            return role, " ".join(x for x in (text, f"seed+{rep}" if rep else "") if x)
+        if "__trial__" in config:
+            t = grid_trials(self.spec)[int(config["__trial__"])]
+            searched = {k: v for k, v in t["overrides"].items() if k in space}
+            rep = int(t["repeat"])
+            parts = (t["variant"], values_summary(searched), f"seed+{rep}" if rep else "")
+            return ranking.ROLE_SEARCH, " ".join(x for x in parts if x)
+        return ranking.ROLE_SEARCH, values_summary({k: config[k] for k in space if k in config})
+
+    def _raise_if_cut_short(self, results: Any, expected: Optional[int], parent: Optional[str]) -> None:
+        """Tune returned with trials neither finished nor failed (stopped from outside): stop the sweep there."""
+        done = results.num_terminated + results.num_errors
+        unfinished = done < len(results) or (expected is not None and done < expected)
+        if unfinished:
+            raise self._interrupted(parent)
+
+    def _interrupted(self, parent: Optional[str]) -> SweepInterrupted:
+        """Mark the parent run and its unfinished child runs KILLED; the exception the CLI reports."""
+        if parent is not None:
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(self.tracking_uri)   # the sweep's server while it runs
+            exp = client.get_run(parent).info.experiment_id
+            for child in client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent}'"):
+                if child.info.status == "RUNNING":
+                    client.set_terminated(child.info.run_id, status="KILLED")
+            client.set_terminated(parent, status="KILLED")
+        view = self._view
+        unfinished = [f"{t.label()} (step {t.step}/{t.total}, {t.status})" for t in view.unfinished()] if view else []
+        return SweepInterrupted(unfinished, view.not_created() if view else 0, parent, self.sweep_dir)
+
+    def _new_tuner(self, trainable: Any, meta: dict[str, Any], storage: str, callbacks: list[Any]) -> Any:
         from ray import tune
 
         spec = self.spec
@@ -411,44 +607,63 @@ class SweepRunner:
             param_space=param_space,
             tune_config=tune.TuneConfig(**tune_kwargs),
             run_config=tune.RunConfig(
-                name=spec.name, storage_path=storage, verbose=1,
+                name=spec.name, storage_path=storage, verbose=1, callbacks=callbacks,
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             ),
         )
 
-    def _extra_tuner_kwargs(self, results: Any) -> dict[str, Any]:
-        """Tuner arguments for the trials outside the searcher: the baseline on every seed offset of
-        ``spec.baseline_offsets`` and the best search trial re-run on those other than 0 (the search
-        trials run on offset 0). Each trial's settings travel in its config
-        (``__extra__``), so the same trainable runs them."""
+    def _extra_entries(self, best_searched: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The trials outside the searcher, each as its ``__extra__`` config: the baseline on every
+        offset of ``spec.baseline_offsets``, the best search trial (its searched values ``best_searched``;
+        None: no best) re-run on those other than 0 (the search trials run on offset 0), and each
+        reference on its offsets."""
+        spec = self.spec
+        entries: list[dict[str, Any]] = []
+        if spec.baseline is not None:
+            # seed-major, offset 0 last: a sweep cut short still leaves whole (baseline, re-run) pairs,
+            # the ones its verdict reads (offset 0 pairs with the selected search trial, not counted)
+            for rep in sorted(spec.baseline_offsets, key=lambda r: (r == 0, r)):
+                entries.append({"trial_overrides": dict(spec.baseline.overrides), "variant": spec.baseline.name,
+                                "repeat": rep, "role": ranking.ROLE_BASELINE})
+                if best_searched is not None and rep != 0:
+                    entries.append({"trial_overrides": dict(best_searched), "variant": "", "repeat": rep,
+                                    "role": ranking.ROLE_RERUN})
+        entries += [{"trial_overrides": dict(ref.overrides), "variant": ref.name, "repeat": rep,
+                     "role": ranking.ROLE_REFERENCE} for ref in spec.references for rep in spec.reference_offsets(ref)]
+        return entries
+
+    def _extra_tuner_kwargs(self, results: Any, callbacks: list[Any]) -> dict[str, Any]:
+        """Tuner arguments for the trials outside the searcher (:meth:`_extra_entries`). Each trial's
+        settings travel in its config (``__extra__``), so the same trainable runs them."""
         from ray import tune
 
         spec = self.spec
-        assert spec.baseline is not None
         done = [r for r in results if r.error is None and r.metrics]
         i = ranking.best_index([r.metrics.get(spec.metrics[0]) for r in done],
                                [str(r.metrics.get("trial_id", "")) for r in done], spec.modes[0])
         best = done[i] if i is not None else None
-        searched = ({k: v for k, v in best.config.items() if k in spec.space}
-                    if best is not None and best.config and "__trial__" not in best.config else None)
-        entries = []
-        # seed-major, offset 0 last: a sweep cut short still leaves whole (baseline, re-run) pairs,
-        # the ones its verdict reads (offset 0 pairs with the selected search trial, not counted)
-        for rep in sorted(spec.baseline_offsets, key=lambda r: (r == 0, r)):
-            entries.append({"trial_overrides": dict(spec.baseline.overrides), "variant": spec.baseline.name,
-                            "repeat": rep, "role": ranking.ROLE_BASELINE})
-            if searched is not None and rep != 0:
-                entries.append({"trial_overrides": searched, "variant": "", "repeat": rep, "role": ranking.ROLE_RERUN})
+        searched = None
+        if best is not None and best.config and "__trial__" not in best.config:
+            searched = {k: v for k, v in best.config.items() if k in spec.space}
         return {
-            "param_space": {"__extra__": tune.grid_search(entries)},
+            "param_space": {"__extra__": tune.grid_search(self._extra_entries(searched))},
             "tune_config": tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),
             "run_config": tune.RunConfig(name=f"{spec.name}-baseline", storage_path=str(self.sweep_dir / "tune"),
-                                         verbose=1, failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                                         verbose=1, callbacks=callbacks,
+                                         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                                          checkpoint_config=tune.CheckpointConfig(num_to_keep=2)),
         }
 
     # ---------------------------------------------------------------- ranking
+    def finished_summary(self, parent: str) -> dict[str, Any]:
+        """The summary of a finished sweep, read from the store; nothing is logged."""
+        from mlflow.tracking import MlflowClient
+
+        summary = ranking.summarize(MlflowClient(self.store_uri), parent, self.spec, self.base, self.base_path)
+        return {**summary, "parent_run_id": parent, "sweep_dir": str(self.sweep_dir), "tracking_uri": self.store_uri,
+                "errors": []}
+
     def _finish(self, parent: str) -> dict[str, Any]:
         from mlflow.tracking import MlflowClient
 
@@ -457,12 +672,18 @@ class SweepRunner:
         tracker = RunTracker(client, parent)
         tracker.log_text(ranking.ranking_csv(summary["ranking"]), "sweep/ranking.csv")
         best = summary["best"]
+        metrics: dict[str, float] = {"sweep/trials": len(summary["ranking"])}
         if best is not None:
-            tracker.log_dict({**best, "command": summary["command"], "verdict": summary["verdict"]}, "sweep/best.json")
+            tracker.log_dict({**best, "command": summary["command"], "verdict": summary["verdict"],
+                              "speedup": summary.get("speedup")}, "sweep/best.json")
             tracker.set_tags({"ulorl.best_run_id": best["run_id"]})
             if best.get("objective") is not None:
-                tracker.add_metrics({f"best/{self.spec.metrics[0]}": best["objective"]}, step=0)
-        tracker.add_metrics({"sweep/trials": len(summary["ranking"])}, step=0)
+                metrics[f"best/{self.spec.metrics[0]}"] = best["objective"]
+        for sp in summary.get("speedup") or []:
+            metrics[f"sweep/speedup_s{sp['segments']}_time_per_step"] = sp["step_speedup"]
+            metrics[f"sweep/speedup_s{sp['segments']}_trained_per_s"] = sp["throughput_x"]
+        logged = client.get_run(parent).data.metrics   # a summary cut short and run again logs each once
+        tracker.add_metrics({k: v for k, v in metrics.items() if k not in logged}, step=0)
         tracker.end("FINISHED")
         return {**summary, "parent_run_id": parent, "sweep_dir": str(self.sweep_dir), "tracking_uri": self.store_uri}
 

@@ -43,12 +43,14 @@ from ulorl.eval.paired import (
     t_interval,
 )
 from ulorl.eval.paired import verdict as claim_verdict
+from ulorl.report import speed
 from ulorl.sweep.spec import seed_overrides
 from ulorl.tracking import schema
 
 N_BOOT = 2000
 ALPHA = 0.05
 ROLE_SEARCH, ROLE_BASELINE, ROLE_RERUN = "search", "baseline", "rerun"
+ROLE_REFERENCE = "reference"   # a reference trial of another comparison (spec ``references``: the S = 1 of the speedup)
 # Columns of sweep/ranking.csv (before the key params of the trials).
 RANKING_COLUMNS: tuple[str, ...] = (
     "rank", "run_id", "run_name", "trial_id", "role", "seed_offset", "variant", "status", "steps", "objective",
@@ -335,6 +337,55 @@ def ranking_csv(rows: Sequence[dict[str, Any]]) -> str:
     return df[first + [c for c in df.columns if c not in first]].to_csv(index=False)
 
 
+def run_speed_of(client: Any, trial: Trial) -> Optional[speed.RunSpeed]:
+    """The trial's speed over its steady window (:mod:`ulorl.report.speed`), read from MLflow."""
+    segments = _int_param(trial.params.get("rollout.segments"))
+    if segments is None:
+        return None
+    hist: dict[str, dict[int, float]] = {}
+    for key in speed.SPEED_METRICS:
+        pts = sorted(client.get_metric_history(trial.run_id, key), key=lambda m: (m.step, m.timestamp))
+        hist[key] = {int(m.step): float(m.value) for m in pts}
+    return speed.run_speed(hist[speed.STEP_TIME], segments, trained=hist[speed.TRAINED],
+                           finished=hist[speed.FINISHED], eval_s=hist[speed.EVAL_TIME])
+
+
+def _int_param(value: Any) -> Optional[int]:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def trial_speedups(client: Any, trials: Sequence[Trial]) -> list[speed.Speedup]:
+    """Every segment count S > 1 of the sweep against its S = 1 reference trial(s) of the same batching
+    (role ``reference``), medians over the runs of each cell; [] without a reference."""
+    refs = [t for t in trials if t.role == ROLE_REFERENCE and _int_param(t.params.get("rollout.segments")) == 1]
+    if not refs:
+        return []
+    speeds = {t.run_id: run_speed_of(client, t) for t in trials}
+    out = []
+    for batching in sorted({str(t.params.get("rollout.batching", "")) for t in refs}):
+        ref = [sp for t in refs if str(t.params.get("rollout.batching", "")) == batching
+               and (sp := speeds[t.run_id]) is not None]
+        by_s: dict[int, list[speed.RunSpeed]] = {}
+        for t in trials:
+            s = _int_param(t.params.get("rollout.segments"))
+            sp = speeds[t.run_id]
+            if s and s > 1 and sp is not None and str(t.params.get("rollout.batching", "")) == batching:
+                by_s.setdefault(s, []).append(sp)
+        out += [speed.speedup(ref, by_s[s], s, batching) for s in sorted(by_s)] if ref else []
+    return out
+
+
+def speedup_record(sp: speed.Speedup) -> dict[str, Any]:
+    """A speedup as the summary (``--json``, ``sweep/best.json``) carries it, with its printed lines."""
+    return {"segments": sp.segments, "batching": sp.batching, "runs": sp.runs, "reference_runs": sp.reference_runs,
+            "step_s": sp.step_s, "reference_step_s": sp.reference_step_s, "trained_per_s": sp.trained_per_s,
+            "reference_trained_per_s": sp.reference_trained_per_s, "step_speedup": sp.step_speedup,
+            "throughput_x": sp.throughput_x, "line": speed.speedup_line(sp), "note": speed.below_one_note(sp)}
+
+
 # ----------------------------------------------------------------------------- the sweep summary
 def typed_values(base: dict[str, Any], fixed: dict[str, Any], logged: dict[str, Any]) -> dict[str, Any]:
     """MLflow params are strings: read them back through the experiment schema so the command
@@ -385,6 +436,7 @@ def summarize(client: Any, parent_run_id: str, spec: Any, base: dict[str, Any], 
     selection = SELECTION_SPLIT.format(confirm=confirm) if confirm else SELECTION_NO_SPLIT
     return {"ranking": rows, "best": best, "verdict": v.line, "beats_baseline": v.beats, "per_seed": v.per_seed,
             "seed_spread": v.seed_spread, "command": command,
+            "speedup": [speedup_record(sp) for sp in trial_speedups(client, trials)],
             "not_covered": NOT_COVERED.format(seeds=seeds, selection=selection, problems=problems,
                                               k=k or base.get("eval", {}).get("k", "?"))
             if spec.baseline is not None else None}
@@ -399,9 +451,18 @@ def _fmt(v: Any, signed: bool = False) -> str:
 
 
 def print_summary(summary: dict[str, Any], spec: Any, file: Any = None) -> None:
-    """The ranking a researcher reads: one row per trial with its held-out interval and paired
-    difference vs the baseline, the verdict, what it does not cover, the command, where to look next."""
+    """What a researcher reads at the end: where the runs are, then the ranking (one row per trial
+    with its held-out interval and paired difference vs the baseline), the best configuration and its
+    command, the speedup against S = 1, what the verdict does not cover, and the verdict last."""
     out = file or sys.stdout
+    console = Console(file=out, width=None if getattr(out, "isatty", lambda: False)() else 200)
+    uri = summary.get("tracking_uri", "")
+    console.print(f"parent run: {summary.get('parent_run_id')}  tracking: {uri}  log: "
+                  f"{Path(summary.get('sweep_dir', '.')) / 'sweep.log'}", soft_wrap=True, markup=False)
+    console.print(f"next: ulorl-dashboard --tracking-uri {uri}   (Sweep, Benchmarks: difference vs baseline, "
+                  "Speedup: S vs S = 1)", soft_wrap=True, markup=False)
+    console.print(f"      ulorl-tables --tracking-uri {uri} --out tables   (paper tables and figures; "
+                  "ranking.csv is in the parent run's artifacts under sweep/)", soft_wrap=True, markup=False)
     rows = summary["ranking"]
     table = Table(title=f"sweep {spec.name}: trials ranked by {spec.metrics[0]} ({spec.modes[0]}), "
                         "held-out avg@k with 95% bootstrap intervals over problems")
@@ -416,22 +477,19 @@ def print_summary(summary: dict[str, Any], spec: Any, file: Any = None) -> None:
                 f"[{_fmt(r['diff_ci_low'], True)}, {_fmt(r['diff_ci_high'], True)}]")
         role = r["role"] + (f" seed+{r['seed_offset']}" if r["seed_offset"] else "")
         table.add_row(_fmt(r["rank"]), r["run_name"], role, r["status"], ci, diff)
-    console = Console(file=out, width=None if getattr(out, "isatty", lambda: False)() else 200)
     console.print(table)
     best = summary.get("best")
     if best is not None:
         values = ", ".join([f"variant {best['variant']}"] * bool(best.get("variant"))
                            + [f"{k}={best.get(k)}" for k in searched if k in best])
         console.print(f"best search trial: {best['run_name']} (run {best['run_id']}): {values}", soft_wrap=True)
-    console.print(summary.get("verdict") or "verdict: -", soft_wrap=True)
-    if summary.get("not_covered"):
-        console.print(summary["not_covered"], soft_wrap=True)
     if summary.get("command"):
         console.print("re-run the best config:", soft_wrap=True)
         console.print("  " + summary["command"], soft_wrap=True, markup=False, highlight=False)
-    uri = summary.get("tracking_uri", "")
-    console.print(f"parent run: {summary.get('parent_run_id')}  tracking: {uri}", soft_wrap=True)
-    console.print(f"next: ulorl-dashboard --tracking-uri {uri}   (Sweep page: this sweep run; Benchmarks: "
-                  "difference vs baseline)", soft_wrap=True, markup=False)
-    console.print(f"      ulorl-tables --tracking-uri {uri} --out tables   (paper tables and figures; "
-                  "ranking.csv is in the parent run's artifacts under sweep/)", soft_wrap=True, markup=False)
+    for sp in summary.get("speedup") or []:
+        console.print(sp["line"], soft_wrap=True, markup=False, highlight=False)
+        if sp.get("note"):
+            console.print("  " + sp["note"], soft_wrap=True, markup=False, highlight=False)
+    if summary.get("not_covered"):
+        console.print(summary["not_covered"], soft_wrap=True)
+    console.print(summary.get("verdict") or "verdict: -", soft_wrap=True)

@@ -18,6 +18,10 @@ Example (``sweeps/mpt_threshold.yaml``)::
       name: masking_off
       overrides: {algo.mpt.mode: 'off'}
       seeds: 2                                 # baseline and best trial also re-run on seed offset 1
+    references:                                # more reference trials outside the searcher
+      - name: non_segmented
+        overrides: {rollout.segments: 1, algo.mpt.mode: 'off'}
+        purpose: speedup                       # the S = 1 run the summary's speedup is measured against
 
 Every error (unknown key in the space, a value the experiment schema rejects, ASHA with several
 objectives, a missing base file) is raised by ``load_sweep`` before anything starts, with the key path.
@@ -100,6 +104,18 @@ class Baseline(_S):
                        "(the spec's seed_offsets replaces them)")
 
 
+class Reference(_S):
+    """A reference trial outside the searcher for a comparison other than the ranking's. With
+    ``purpose: speedup`` it is the S = 1 run that the sweep summary's (and the Speedup page's)
+    speedup is measured against: same seeds, data order and batching as the trials, run on seed
+    offsets 0..seeds-1, never ranked, never re-run as the best trial."""
+
+    name: str = Field(description="label of the reference trial (run name and ranking)")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="dotted experiment keys of the reference")
+    purpose: Literal["speedup"] = Field("speedup", description="what the reference is compared in")
+    seeds: int = Field(1, ge=1, le=5, description="seed offsets 0..seeds-1")
+
+
 class SearchConfig(_S):
     algorithm: Literal["optuna", "grid"] = "optuna"
     seed: int = 0
@@ -145,6 +161,8 @@ class SweepSpec(_S):
     max_failures: int = Field(2, ge=0, description="retries of a failing trial, from its checkpoint")
     experiment: Optional[str] = Field(None, description="MLflow experiment (default: the base's tracking.experiment)")
     baseline: Optional[Baseline] = Field(None, description="extra trial(s) every search trial is compared with")
+    references: list[Reference] = Field(default_factory=list, description="more reference trials outside the "
+                                        "searcher (e.g. the S = 1 run of the speedup)")
 
     @field_validator("seed_offsets", mode="before")
     @classmethod
@@ -171,7 +189,23 @@ class SweepSpec(_S):
                 raise ValueError(f"space.{grid[0]}: 'grid' needs search.algorithm: grid (use 'choice' with optuna)")
             if self.variants:
                 raise ValueError("variants need search.algorithm: grid (each variant is run as listed)")
+        names = [r.name for r in self.references] + ([self.baseline.name] if self.baseline is not None else [])
+        if len(set(names)) < len(names):
+            raise ValueError(f"baseline and references need distinct names, got {names}")
+        if sum(r.purpose == "speedup" for r in self.references) > 1:
+            raise ValueError("at most one reference with purpose: speedup")
         return self
+
+    @property
+    def speed_reference(self) -> Optional[Reference]:
+        """The S = 1 reference of the speedup, if the spec names one."""
+        return next((r for r in self.references if r.purpose == "speedup"), None)
+
+    def reference_offsets(self, ref: Reference) -> list[int]:
+        """Seed offsets of a reference trial: 0..ref.seeds-1, those among ``seed_offsets`` when given
+        (a chunk of later seeds, ``--seeds 3-7``, runs no reference again)."""
+        own = list(range(ref.seeds))
+        return own if self.seed_offsets is None else [o for o in own if o in self.seed_offsets]
 
     @property
     def offsets(self) -> list[int]:
@@ -321,6 +355,12 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
         for key in spec.baseline.overrides:
             _check_key(key, f"baseline.overrides.{key}", str(p))
         _validate_with(base, {**fixed, **spec.baseline.overrides}, "baseline", str(p))
+    for i, ref in enumerate(spec.references):
+        for key in ref.overrides:
+            _check_key(key, f"references[{i}].overrides.{key}", str(p))
+        ref_cfg = _validate_with(base, {**fixed, **ref.overrides}, f"references[{i}] ({ref.name})", str(p))
+        if ref.purpose == "speedup":
+            _check_speed_reference(ref, i, ref_cfg, fixed_cfg, spec, str(p))
     split = [m for m in spec.metrics if m.startswith("eval/") and m.split("/")[1].endswith(("_select", "_confirm"))]
     if split and not fixed_cfg.eval.select_problems and "eval.select_problems" not in spec.space:
         raise SweepError(f"{p}: metric {split[0]} needs the held-out split: set eval.select_problems (e.g. half of "
@@ -328,6 +368,23 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
     if spec.metrics == ["eval/heldout/avg_at_k"] and fixed_cfg.eval.every == 0 and "eval.every" not in spec.space:
         raise SweepError(f"{p}: metric eval/heldout/avg_at_k needs periodic evaluation (eval.every > 0 in the base)")
     return spec, base_path, base
+
+
+def _check_speed_reference(ref: Reference, i: int, ref_cfg: ExperimentConfig, trials_cfg: ExperimentConfig,
+                           spec: SweepSpec, source: str) -> None:
+    """A speedup reference is the trials' configuration at S = 1: same batching and seeds."""
+    where = f"{source}: references[{i}] ({ref.name}, purpose: speedup)"
+    if ref_cfg.rollout.segments != 1:
+        raise SweepError(f"{where}: needs rollout.segments: 1 (got {ref_cfg.rollout.segments}); "
+                         "add it to the reference's overrides")
+    if trials_cfg.rollout.segments == 1 and "rollout.segments" not in spec.space:
+        raise SweepError(f"{where}: the trials run at rollout.segments 1 too; nothing to compare")
+    if ref_cfg.rollout.batching != trials_cfg.rollout.batching and "rollout.batching" not in spec.space:
+        raise SweepError(f"{where}: rollout.batching {ref_cfg.rollout.batching!r} differs from the trials' "
+                         f"{trials_cfg.rollout.batching!r}; a speedup compares one batching regime")
+    seeds = [k for k in ref.overrides if k in SEED_KEYS]
+    if seeds:
+        raise SweepError(f"{where}: overrides {seeds[0]}; the reference keeps the trials' seeds and data order")
 
 
 def short_key(key: str, keys: list[str]) -> str:
@@ -344,12 +401,17 @@ def short_value(value: Any) -> str:
     return str(value)
 
 
+def values_summary(values: dict[str, Any]) -> str:
+    """``{"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.0931234} -> "tau=0.9 sigma=0.0931"``."""
+    keys = list(values)
+    return " ".join(f"{short_key(k, keys)}={short_value(v)}" for k, v in values.items())
+
+
 def trial_run_name(sweep: str, trial_id: str, values: dict[str, Any], role: str = "", seed_offset: int = 0) -> str:
     """Unique readable MLflow run name of a trial: ``<sweep>-<trial id>`` plus a short summary of
     its varied values, e.g. ``mpt_threshold-8ffbe956 tau=0.9 sigma=0.093``; baseline and re-run
     trials say so (``... baseline seed+1``)."""
-    keys = list(values)
-    summary = " ".join(f"{short_key(k, keys)}={short_value(v)}" for k, v in values.items())
+    summary = values_summary(values)
     extra = " ".join(x for x in (role, f"seed+{seed_offset}" if seed_offset else "") if x)
     return " ".join(x for x in (f"{sweep}-{trial_id}", extra, summary) if x)
 

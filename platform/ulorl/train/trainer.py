@@ -43,6 +43,7 @@ from ulorl.train.deepspeed_backend import DeepSpeedBackend, is_partitioned
 from ulorl.train.distributed import dist_env, launch_role
 from ulorl.train.fill import merge_round_metrics
 from ulorl.train.length_audit import LengthAudit
+from ulorl.train.progress import TrainProgress
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
@@ -540,7 +541,7 @@ class Trainer:
         self.setup()
         cfg = self.cfg
         self.stop.install()
-        progress = _Progress(cfg.train.max_steps, self.step, enabled=self.show_progress)
+        progress = TrainProgress(cfg.train.max_steps, self.step, enabled=self.show_progress)
         status = "FINISHED"
         last: dict[str, float] = {}
         try:
@@ -600,47 +601,6 @@ class Trainer:
             masked = [t - (p - 1) for t in masked_t]
             lines.append(json.dumps(_sample_record(self.step, s, self.tokenizer, masked)))
         self.tracker.log_text("\n".join(lines) + "\n", f"samples/step_{self.step:06d}.jsonl")
-
-
-class _Progress:
-    """A rich progress bar on stderr with the key metrics of the last step."""
-
-    def __init__(self, total: int, start: int, enabled: bool) -> None:
-        self.enabled = enabled
-        if not enabled:
-            return
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.console = Console(stderr=True)
-        self.bar = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.description}"), console=self.console, transient=False,
-        )
-        self.task = self.bar.add_task("", total=total, completed=start)
-        self.bar.start()
-
-    def update(self, step: int, m: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        parts = [
-            f"reward {m.get('rollout/reward_mean', float('nan')):.3f}",
-            f"H {m.get('train/entropy', float('nan')):.3f}",
-            f"masked {m.get('train/masked_frac', 0.0):.3f}",
-            f"pool {int(m.get('pool/unfinished', 0))}/{int(m.get('pool/experience', 0))}",
-            f"{m.get('time/step_s', 0.0):.1f}s/step",
-        ]
-        if "eval/heldout/avg_at_k" in m:
-            parts.append(f"heldout {m['eval/heldout/avg_at_k']:.3f}")
-        if m.get(schema.SKIPPED_METRIC):
-            parts.append("[yellow]no update[/]")
-        self.bar.update(self.task, completed=step, description="  ".join(parts))
-        if not self.console.is_terminal:
-            self.console.print(f"step {step}: " + "  ".join(parts))
-
-    def close(self) -> None:
-        if self.enabled:
-            self.bar.stop()
 
 
 def train(cfg: ExperimentConfig, **kwargs: Any) -> TrainResult:

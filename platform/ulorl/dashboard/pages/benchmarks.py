@@ -14,12 +14,16 @@ PERCENT_COLS = ("avg_at_k", "pass_at_k", "ci_low", "ci_high", "delta_avg", "delt
 
 
 def default_baseline(runs, run_ids: list[str]) -> int:
-    """Index (in ``[NONE] + run_ids``) of the first run tagged as a sweep baseline, else 0."""
-    col = f"tags.{schema.ROLE_TAG}"
+    """Index (in ``[NONE] + run_ids``) of the first run tagged as a sweep baseline, the seed the search
+    trials ran with (offset 0) first; else 0."""
+    col, seed_col = f"tags.{schema.ROLE_TAG}", f"tags.{schema.SEED_TAG}"
     if col not in runs:
         return 0
     roles = dict(zip(runs["run_id"], runs[col]))
-    return next((i + 1 for i, r in enumerate(run_ids) if roles.get(r) == "baseline"), 0)
+    seeds = dict(zip(runs["run_id"], runs[seed_col])) if seed_col in runs else {}
+    bases = [i + 1 for i, r in enumerate(run_ids) if roles.get(r) == "baseline"]
+    first_seed = [i for i in bases if str(seeds.get(run_ids[i - 1], "0")) in ("0", "None", "nan")]
+    return (first_seed or bases or [0])[0]
 
 
 def render() -> None:

@@ -3,13 +3,24 @@ to the sweep's S = 1 baseline (per rollout.batching), beside the paper's Table 1
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import streamlit as st
 
 from ulorl.dashboard import cache, charts, frames, paper_ref, ui
+from ulorl.report import speed
 
-SPEED_METRICS = ("time/step_s", "rollout/finished", "train/samples")
 WINDOWS = {"steady": "steady state: each run's steps after its first S", "all": "all steps (includes the warm-up)"}
+
+
+def ratio_text(sp: speed.Speedup, window: str) -> str:
+    """``S = 4 vs S = 1 (compact batching, steady state ...): 0.71x time per step (0.812 s vs 0.577 s), ...``."""
+    trained = (f", **{sp.throughput_x:.2f}x** trained samples/s ({sp.trained_per_s:.1f} vs "
+               f"{sp.reference_trained_per_s:.1f})") if math.isfinite(sp.throughput_x) else ""
+    return (f"**S = {sp.segments} vs S = 1** ({sp.batching} batching, {WINDOWS[window]}): "
+            f"**{sp.step_speedup:.2f}x** time per step ({sp.step_s:.3f} s vs {sp.reference_step_s:.3f} s){trained}; "
+            f"medians over {sp.runs} run(s) vs {sp.reference_runs}.")
 
 
 def render() -> None:
@@ -23,10 +34,10 @@ def render() -> None:
     if train.empty:
         ui.empty_state("No training runs with `rollout.segments` in this store yet.", ui.SEGMENTS_HINT)
     groups = frames.sweep_groups(train)
-    # Groups that vary the segment count and contain S = 1 first.
-    def rank(g: str) -> tuple[int, int, str]:
+    # Groups that vary the segment count and contain S = 1 first, sweeps before loose runs of a config.
+    def rank(g: str) -> tuple[int, int, int, str]:
         segs = pd.to_numeric(train.loc[groups == g, seg_col], errors="coerce")
-        return (-int(segs.nunique() > 1), -int((segs == 1).any()), g)
+        return (-int(segs.nunique() > 1), -int((segs == 1).any()), int(g.startswith("config: ")), g)
     options = sorted(groups.unique(), key=rank)
     group = st.selectbox("Sweep (or experiment config for runs outside a sweep)", options, key="speedup_group")
     members = train[groups == group]
@@ -34,15 +45,16 @@ def render() -> None:
     window = st.radio("Window", list(WINDOWS), key="speedup_window", horizontal=True, format_func=WINDOWS.get,
                       help="With S segments the pools fill (and the samples trained per step settle) only after "
                            "S steps; timing the warm-up flatters large S.")
-    hist = cache.histories(uri, tuple(members["run_id"]), SPEED_METRICS)
+    hist = cache.histories(uri, tuple(members["run_id"]), speed.SPEED_METRICS)
     segs = pd.to_numeric(members[seg_col], errors="coerce").fillna(0).astype(int)
     skip = dict(zip(members["run_id"], segs)) if window == "steady" else None
     stats = frames.rollout_stats(hist, skip)
     short = stats[stats["steps"] == 0]
     stats = stats[stats["steps"] > 0]
     st.caption(f"Window: {WINDOWS[window]}. Budget: per run, its own logged steps; throughput columns are "
-               "per second of step time (finished = rollout/finished, trained = train/samples), so runs of "
-               "different length and S compare at equal time, not equal steps.")
+               "per second of step time (finished = rollout/finished, trained = train/samples; held-out "
+               "evaluation time left out), so runs of different length and S compare at equal time, not equal "
+               "steps. Several runs of one (batching, S): the median of their values.")
     if len(short):
         st.warning(f"{len(short)} run(s) have no step in the window (too short for their S): "
                    + ", ".join(frames.labels_of(members).get(r, r) for r in short["run_id"]))
@@ -50,8 +62,14 @@ def render() -> None:
     if table.empty:
         ui.empty_state(f"The runs of `{group}` logged no `time/step_s` yet.", ui.SEGMENTS_HINT)
     if table["step_speedup"].isna().all():
-        st.warning("No S = 1 run in this group: relative columns are empty. Add a baseline run with "
-                   "`rollout.segments=1`.")
+        st.warning("No S = 1 run in this group: relative columns are empty. The headline sweep runs one "
+                   "(`ulorl-sweep sweeps/mpt_threshold.yaml`: its reference trial `non_segmented`); "
+                   "`ulorl-sweep sweeps/segments.yaml` runs S = 1, 2, 4, 8 in both batching regimes.")
+    for sp in frames.speedups(table):
+        st.markdown(ratio_text(sp, window))
+        note = speed.below_one_note(sp)
+        if note:
+            st.info(note.replace(speed.OTHER_REGIME_COMMANDS, f"`{speed.OTHER_REGIME_COMMANDS}`"))
 
     left, right = st.columns(2)
     with left:
@@ -61,14 +79,17 @@ def render() -> None:
             "finished_per_s": st.column_config.NumberColumn("finished/s", format="%.2f"),
             "trained_per_s": st.column_config.NumberColumn("trained samples/s", format="%.2f"),
             "step_speedup": st.column_config.NumberColumn("step speedup (x)", format="%.2f"),
-            "throughput_x": st.column_config.NumberColumn("throughput (x)", format="%.2f"),
+            "throughput_x": st.column_config.NumberColumn("finished/s (x)", format="%.2f"),
+            "trained_x": st.column_config.NumberColumn("trained/s (x)", format="%.2f"),
         })
         has_base = table["step_speedup"].notna().any()
         st.altair_chart(charts.speedup_chart(table, "step_speedup" if has_base else "median_step_s",
                                              "step speedup vs S=1 (x)" if has_base else "median s/step"),
                         width="stretch", key="speedup_chart")
-        if table["throughput_x"].notna().any():
-            st.altair_chart(charts.speedup_chart(table, "throughput_x", "finished samples/s vs S=1 (x)"),
+        rate = "trained_x" if table["trained_x"].notna().any() else "throughput_x"
+        if table[rate].notna().any():
+            what = "trained" if rate == "trained_x" else "finished"
+            st.altair_chart(charts.speedup_chart(table, rate, f"{what} samples/s vs S=1 (x)"),
                             width="stretch", key="speedup_throughput")
     with right:
         st.subheader("Paper Table 1")

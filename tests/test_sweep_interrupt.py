@@ -1,0 +1,188 @@
+"""Ctrl-C on ulorl-sweep and --resume: exit code, message and the MLflow store's state.
+
+Fast tests drive the pieces on a real MLflow store with scripted trial states; the slow test sends
+SIGINT to a real ``ulorl-sweep`` (Ray Tune, trainer trials) and resumes it twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from mlflow_store import StoreBase, migrated_empty_db
+from ulorl.cli import sweep as cli
+from ulorl.sweep.console import SweepView
+from ulorl.sweep.launch import STATE_FILE, SweepAlreadyFinished, SweepInterrupted, SweepRunner
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = (ROOT / "experiments" / "quickstart.yaml").as_posix()
+
+
+def _spec(tmp_path: Path, steps: int = 4) -> Path:
+    """One grid trial of a few tiny steps, no held-out eval (the objective is time/step_s)."""
+    p = tmp_path / "tiny.yaml"
+    p.write_text(f"""name: tiny
+base: {QUICK}
+overrides:
+  rollout.prompts_per_step: 2
+  rollout.group_size: 4
+  rollout.max_response_len: 64
+  train.checkpoint_every: 1
+  eval.every: 0
+space:
+  algo.mpt.tau: {{grid: [0.9]}}
+search: {{algorithm: grid}}
+metric: time/step_s
+mode: min
+num_samples: 1
+max_concurrent: 1
+resources: {{cpu: 2}}
+stop: {{steps: {steps}}}
+""")
+    return p
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    return migrated_empty_db(tmp_path_factory.mktemp("template"))
+
+
+def _sweep_store(tmp_path: Path, template: Path) -> tuple[StoreBase, str, list[str]]:
+    """A parent sweep run (RUNNING) with a finished and a running child, as an interrupted sweep leaves them."""
+    store = StoreBase(tmp_path, template)
+    parent = store.client.create_run(store.exp, run_name="sweep-tiny", tags={"ulorl.kind": "sweep"}).info.run_id
+    kids = []
+    for status in ("FINISHED", "RUNNING"):
+        rid = store.client.create_run(store.exp, run_name="tiny-t", tags={"mlflow.parentRunId": parent,
+                                                                          "ulorl.kind": "train"}).info.run_id
+        if status == "FINISHED":
+            store.client.set_terminated(rid, "FINISHED")
+        kids.append(rid)
+    return store, parent, kids
+
+
+def test_interrupt_marks_parent_and_running_trials_killed_and_lists_them(tmp_path, template):
+    store, parent, (done, running) = _sweep_store(tmp_path, template)
+    runner = SweepRunner(_spec(tmp_path), tracking_uri=store.uri, output_dir=tmp_path / "out")
+    view = SweepView("tiny", planned=3, steps_per_trial=20, metric="time/step_s", out=open(os.devnull, "w"),
+                     live=False)
+    view.started("a", "search", "tau=0.9")
+    view.finished("a")
+    view.started("b", "search", "tau=0.99")
+    view.result("b", 3, None)
+    runner._view = view
+    exc = runner._interrupted(parent)
+    assert isinstance(exc, SweepInterrupted)
+    assert exc.unfinished == ["search tau=0.99 (step 3/20, running)"] and exc.not_started == 1
+    c = MlflowClient(store.uri)
+    assert c.get_run(parent).info.status == "KILLED"
+    assert c.get_run(running).info.status == "KILLED" and c.get_run(done).info.status == "FINISHED"
+
+
+def test_cli_prints_the_unfinished_trials_and_the_resume_command_and_no_verdict(capsys):
+    args = cli.build_parser().parse_args(["sweeps/mpt_threshold.yaml", "--tracking-uri", "sqlite:////x/m.db",
+                                          "--output-dir", "/x/out"])
+    exc = SweepInterrupted(["search tau=0.99 (step 3/20, running)"], 2, "abc123", Path("/x/out/sweeps/tiny"))
+    cli._report_interrupted(exc, args)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "interrupted; the parent run abc123 is marked KILLED" in err
+    assert "unfinished trials (1 started, 2 not started yet):\n  search tau=0.99 (step 3/20, running)" in err
+    assert ("ulorl-sweep sweeps/mpt_threshold.yaml --tracking-uri sqlite:////x/m.db --output-dir /x/out --resume"
+            in err)
+    assert "verdict:" not in err
+
+
+def test_summary_metrics_are_logged_once_when_the_summary_runs_again(tmp_path, template):
+    store, parent, _ = _sweep_store(tmp_path, template)
+    runner = SweepRunner(_spec(tmp_path), tracking_uri=store.uri, output_dir=tmp_path / "out")
+    runner._finish(parent)
+    runner._finish(parent)     # a summary cut short and done again on --resume
+    c = MlflowClient(store.uri)
+    assert [m.step for m in c.get_metric_history(parent, "sweep/trials")] == [0]
+    assert c.get_run(parent).info.status == "FINISHED"
+
+
+def test_resume_of_a_finished_sweep_says_so_and_logs_nothing(tmp_path, template, capfd):
+    store, parent, _ = _sweep_store(tmp_path, template)
+    spec = _spec(tmp_path)
+    SweepRunner(spec, tracking_uri=store.uri, output_dir=tmp_path / "out")._finish(parent)
+    sweep_dir = tmp_path / "out" / "sweeps" / "tiny"
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / STATE_FILE).write_text(json.dumps({"parent_run_id": parent, "tracking_uri": store.uri}))
+    (tmp_path / "out" / "sweeps" / "tiny.latest").write_text(str(sweep_dir))
+    with pytest.raises(SweepAlreadyFinished):
+        SweepRunner(spec, tracking_uri=store.uri, output_dir=tmp_path / "out", resume=True).run()
+    capfd.readouterr()
+    rc = cli.main([str(spec), "--tracking-uri", store.uri, "--output-dir", str(tmp_path / "out"), "--resume"])
+    out, _ = capfd.readouterr()
+    assert rc == 0
+    assert f"sweep tiny already finished (parent run {parent}" in out and "nothing to resume" in out
+    c = MlflowClient(store.uri)
+    assert [m.step for m in c.get_metric_history(parent, "sweep/trials")] == [0]
+    assert c.get_run(parent).info.status == "FINISHED"
+
+
+def test_resume_without_state_says_to_run_it_first(tmp_path, capsys):
+    rc = cli.main([str(_spec(tmp_path)), "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
+                   "--output-dir", str(tmp_path / "out"), "--resume"])
+    assert rc == 2 and "run the sweep without --resume first" in capsys.readouterr().err
+
+
+def test_resume_command_keeps_the_flags_that_locate_the_sweep():
+    args = cli.build_parser().parse_args(["s.yaml", "--num-cpus", "2", "--address", "10.0.0.1:6379"])
+    assert cli.resume_command(args) == "ulorl-sweep s.yaml --address 10.0.0.1:6379 --num-cpus 2 --resume"
+    args = cli.build_parser().parse_args(["my sweep.yaml"])
+    assert cli.resume_command(args) == "ulorl-sweep 'my sweep.yaml' --resume"
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_resume_then_resume_again(tmp_path):
+    """SIGINT to the process group (what Ctrl-C sends) once the trial checkpointed: exit 130, parent
+    KILLED, the unfinished trial and the resume command printed, no verdict; the resume finishes the same
+    parent run with each step and each summary metric logged once; a second resume changes nothing."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    out_dir = tmp_path / "out"
+    cmd = [sys.executable, "-m", "ulorl.cli.sweep", str(_spec(tmp_path, steps=6)), "--tracking-uri", uri,
+           "--output-dir", str(out_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    trials = out_dir / "sweeps" / "tiny" / "trials"
+    deadline = time.time() + 900
+    while not any((d / "checkpoints" / "latest").exists() for d in trials.glob("*")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "no trial checkpoint within 900 s"
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130, out + err
+    assert "interrupted; the parent run" in err and "unfinished trials (1 started" in err, err
+    assert "--resume" in err and "verdict:" not in out + err
+    parent = json.loads((out_dir / "sweeps" / "tiny" / STATE_FILE).read_text())["parent_run_id"]
+    c = MlflowClient(uri)
+    assert c.get_run(parent).info.status == "KILLED"
+    exp = c.get_run(parent).info.experiment_id
+    (kid,) = c.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert kid.info.status == "KILLED"
+
+    res = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "verdict:" in res.stdout
+    assert c.get_run(parent).info.status == "FINISHED"
+    (kid,) = c.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert kid.info.status == "FINISHED"
+    assert sorted(m.step for m in c.get_metric_history(kid.info.run_id, "time/step_s")) == [1, 2, 3, 4, 5, 6]
+    assert [m.step for m in c.get_metric_history(parent, "sweep/trials")] == [0]
+
+    again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "already finished" in again.stdout, again.stdout + again.stderr
+    assert [m.step for m in c.get_metric_history(parent, "sweep/trials")] == [0]
+    assert len(c.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent}'")) == 1

@@ -253,6 +253,15 @@ class DeepSpeedConfig(_Section):
     zero_stage: Literal[0, 1, 2, 3] = Field(
         2, description="ZeRO stage (2: optimizer + gradients sharded, 3: + parameters)")
     offload_optimizer: bool = Field(False, description="keep optimizer state in CPU memory")
+    max_live_parameters: int = Field(
+        1_000_000_000, ge=1, description="ZeRO-3: parameter elements a rank may hold gathered at once before it "
+        "releases some (DeepSpeed's stage3_max_live_parameters, its default)")
+    max_reuse_distance: int = Field(
+        1_000_000_000, ge=0, description="ZeRO-3: a gathered parameter needed again within this many parameter "
+        "elements stays gathered (stage3_max_reuse_distance, DeepSpeed's default)")
+    prefetch_bucket_size: int = Field(
+        50_000_000, ge=0, description="ZeRO-3: parameter elements gathered ahead of their use "
+        "(stage3_prefetch_bucket_size, DeepSpeed's default)")
 
 
 class ResourcesConfig(_Section):

@@ -129,7 +129,11 @@ def test_zero3_ranks_vllm_actor_segments_resume(tmp_path, is_mode, monkeypatch):
     base = [f"model.name_or_path={_policy(tmp_path / 'policy')}", "rollout.engine=vllm", "rollout.segments=2",
             "rollout.max_response_len=32", "rollout.prompts_per_step=2", "rollout.group_size=4",
             "rollout.weight_sync_bucket_mb=1", "algo.dynamic_sampling=false", f"algo.is_mode={is_mode}",
-            "eval.every=0", "train.backend=deepspeed", "train.deepspeed.zero_stage=3", "train.lr=1e-4",
+            "eval.every=0", "train.backend=deepspeed", "train.deepspeed.zero_stage=3",
+            # the model (2.8M elements) is smaller than DeepSpeed's default live / reuse / prefetch limits, under
+            # which ZeRO-3 keeps it gathered whole through a pass: limits below its size, as a 4B-30B model has them
+            "train.deepspeed.max_live_parameters=400000", "train.deepspeed.max_reuse_distance=0",
+            "train.deepspeed.prefetch_bucket_size=200000", "train.lr=1e-4",
             "train.checkpoint_every=1", "train.keep_checkpoints=5", "resources.trainer_workers=2",
             "resources.rollout_engines=1", "resources.cpus_per_trainer_worker=0.5",
             "resources.cpus_per_engine=0.5", f"tracking.uri={uri}"]

@@ -134,6 +134,11 @@ def deepspeed_config(cfg: TrainConfig) -> dict[str, Any]:
     # runs (DeepSpeed's default and recommendation for stage 3). Off for 1 / 2: DeepSpeed's default,
     # and with the caller-owned accumulation boundary it refuses overlap_comm under ZeRO-1.
     zero: dict[str, Any] = {"stage": ds.zero_stage, "overlap_comm": ds.zero_stage == 3, "contiguous_gradients": True}
+    if ds.zero_stage == 3:
+        # DeepSpeed's defaults unless set: a model smaller than them stays gathered whole for the whole pass
+        zero.update({"stage3_max_live_parameters": ds.max_live_parameters,
+                     "stage3_max_reuse_distance": ds.max_reuse_distance,
+                     "stage3_prefetch_bucket_size": ds.prefetch_bucket_size})
     if ds.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
     return {

@@ -124,10 +124,6 @@ class RolloutStepResult:
     def released_groups(self) -> int:
         return len(self.groups)
 
-    @property
-    def released_samples(self) -> int:
-        return sum(len(g) for g in self.groups)
-
     def metrics(self) -> dict[str, float]:
         """Flat numbers for the tracker (``pool/*`` names match ``ulorl.tracking.schema``)."""
         lens = [s.response_len for s in self.completed]

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict, flatten_config
+from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict
 from ulorl.scale.placement import PlacementError
 from ulorl.sweep import ranking
 from ulorl.sweep.placed import check_trials_fit, describe_resources, needs_placement, run_placed_trial, trial_resources
@@ -465,7 +465,3 @@ class SweepRunner:
         tracker.add_metrics({"sweep/trials": len(summary["ranking"])}, step=0)
         tracker.end("FINISHED")
         return {**summary, "parent_run_id": parent, "sweep_dir": str(self.sweep_dir), "tracking_uri": self.store_uri}
-
-
-def flat_overrides_of(cfg: ExperimentConfig) -> dict[str, Any]:
-    return flatten_config(cfg)

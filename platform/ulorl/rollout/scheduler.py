@@ -42,6 +42,7 @@ from ulorl.rollout.types import (
     SamplingParams,
     SegmentSpan,
 )
+from ulorl.segments import segment_length
 
 __all__ = [
     "PromptLike",
@@ -49,7 +50,6 @@ __all__ = [
     "RolloutStepResult",
     "SegmentScheduler",
     "request_seed",
-    "segment_length",
 ]
 
 ScoreFn = Callable[[list[Sample]], Optional[Sequence[float]]]
@@ -78,11 +78,6 @@ def request_seed(seed: int, sample_id: int, segment_index: int) -> int:
     """Deterministic 31-bit seed of one request (stable across processes and Python versions)."""
     digest = hashlib.blake2b(f"{seed}:{sample_id}:{segment_index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
-def segment_length(max_response_len: int, segments: int) -> int:
-    """Tokens per segment: ``ceil(L / S)`` (= ``L // S`` when S divides L, as configs require)."""
-    return -(-max_response_len // segments)
 
 
 @dataclass

@@ -227,8 +227,8 @@ class SegmentScheduler:
     def context_room(self, sample: Sample) -> Optional[int]:
         """Tokens the engine can still add to ``sample`` (its ``max_model_len`` minus the context),
         None when the engine states no limit."""
-        limit = getattr(self.engine, "max_model_len", None)
-        if not isinstance(limit, int):
+        limit = self.engine.max_model_len
+        if limit is None:
             return None
         return limit - len(sample.prompt_ids) - sample.response_len
 
@@ -296,7 +296,7 @@ class SegmentScheduler:
         self._check_results(requests, got)
         by_id = {r.request_id: r for r in got}
         results = [by_id.get(s.sample_id) or GenerationResult(s.sample_id, [], [], "length") for s in batch]
-        stats = getattr(self.engine, "last_stats", None) if requests else None
+        stats = self.engine.last_stats if requests else None
 
         pools.unfinished.take_all()
         pools.admit(new_samples)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from ulorl.rollout.types import EngineStats, GenerationRequest, GenerationResult, SamplingParams
+from ulorl.rollout.types import EngineBase, EngineStats, GenerationRequest, GenerationResult, SamplingParams
 
 _MOD = (1 << 61) - 1
 _MUL = 1_000_003
@@ -36,8 +36,9 @@ def _mix(x: int) -> int:
     return x ^ (x >> 31)
 
 
-class ScriptedEngine:
-    """Fake rollout engine; see the module docstring. ``calls`` records every request batch."""
+class ScriptedEngine(EngineBase):
+    """Fake rollout engine; see the module docstring. ``calls`` records every request batch. No context
+    limit unless a test sets ``max_model_len``."""
 
     def __init__(
         self,

@@ -113,6 +113,20 @@ def test_mask_registry_takes_one_input_object():
         loss_mask("sometimes", x)
 
 
+def test_mpt_mask_is_computed_once_per_input_object(monkeypatch):
+    import ulorl.algo.masks as masks
+
+    calls = []
+    real = masks.mpt_mask
+    monkeypatch.setattr(masks, "mpt_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = MaskInputs(LOGP, REWARDS, RESP, ENT, tau=0.99, sigma=0.3, scope="sample")
+    static, dynamic = MASK_MODES["static"].mask(x), MASK_MODES["dynamic"].mask(x)
+    assert static is x.mpt and torch.equal(static, MPT)
+    # sigma 0.3: samples 0 (H 0.125) and 1 (H 0.25) gated open, sample 2 (H 0.5) closed -> sample 0's MPTs
+    assert torch.equal(dynamic, torch.tensor([[F, T, F, T], [F, F, F, F], [F, F, F, F]]))
+    assert len(calls) == 1
+
+
 def test_mask_active_samples():
     def x(ent, sigma, scope="sample"):
         return MaskInputs(LOGP, REWARDS, RESP, ent, sigma=sigma, scope=scope)

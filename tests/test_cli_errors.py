@@ -3,6 +3,7 @@ with a "did you mean"), a sqlite tracking URI whose folder does not exist."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,33 @@ def test_missing_sqlite_folder_is_refused(tmp_path, capsys):
     rc = train_cli.main([str(QUICK), "--tracking-uri", uri, "train.max_steps=1", "--no-progress"])
     assert rc == 2 and "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "missing").exists()
+
+
+def test_missing_extra_is_reported_with_the_install_command(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", None)    # vLLM not installed, whatever this venv holds
+    rc = train_cli.main([str(QUICK), "rollout.engine=vllm", f"train.output_dir={tmp_path / 'runs'}",
+                         "--tracking-uri", f"sqlite:///{tmp_path / 'x.db'}", "--no-progress"])
+    assert rc == 2
+    assert "pip install 'ulorl[gpu]'" in capsys.readouterr().err
+
+
+def test_missing_extra_is_caught_by_its_type_not_its_name(tmp_path, monkeypatch, capsys):
+    from ulorl.rollout.engines import MissingExtraError
+    from ulorl.train import trainer
+
+    class JudgeExtraMissing(MissingExtraError):   # a subclass: another class name, the same meaning
+        pass
+
+    def fail_with(exc: Exception):
+        def run(self):
+            raise exc
+        return run
+
+    args = [str(QUICK), f"train.output_dir={tmp_path / 'runs'}", "--tracking-uri", f"sqlite:///{tmp_path / 'x.db'}",
+            "--no-progress"]
+    monkeypatch.setattr(trainer.Trainer, "run", fail_with(JudgeExtraMissing("pip install 'ulorl[judge]'")))
+    assert train_cli.main(args) == 2
+    assert "ulorl-train: pip install 'ulorl[judge]'" in capsys.readouterr().err
+    monkeypatch.setattr(trainer.Trainer, "run", fail_with(RuntimeError("MissingExtraError")))
+    with pytest.raises(RuntimeError, match="MissingExtraError"):   # any other RuntimeError propagates
+        train_cli.main(args)

@@ -9,7 +9,7 @@ from fakes import ScriptedEngine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler, request_seed, segment_length
+from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler, request_seed
 from ulorl.rollout.types import GenerationResult, Sample, SampleStatus, SamplingParams
 
 SP = SamplingParams()
@@ -42,12 +42,6 @@ def _run(sched: SegmentScheduler, prompt_steps: int, *, version_per_step: bool =
         if k >= prompt_steps and sched.unfinished == 0 and r.ready_groups_waiting == 0:
             break
     return released, results
-
-
-def test_segment_length_is_ceil():
-    assert segment_length(16, 4) == 4
-    assert segment_length(10, 3) == 4
-    assert segment_length(5, 5) == 1
 
 
 @pytest.mark.parametrize("segments,max_len", [(2, 16), (4, 16), (8, 16), (3, 10), (16, 16)])

@@ -107,3 +107,23 @@ def test_length_buckets() -> None:
     assert bucket_labels() == ["<=32", "33-64", "65-128", "129-256", ">256"]
     assert [length_bucket(n) for n in (1, 32, 33, 64, 65, 256, 257)] == [
         "<=32", "<=32", "33-64", "33-64", "65-128", "129-256", ">256"]
+
+
+def test_split_terms_rejects_into_the_right_split_hand_case() -> None:
+    from itertools import count
+
+    from ulorl.data.task import first_items, split_terms
+
+    def stream(split):
+        c = count()
+        # always k = 2; the n-th draw is [n, n]; a problem is held out iff n % 3 == 0
+        return split_terms(split, 0, "test", {2: 1.0}, lambda rng, k: [next(c)] * k, lambda t: t[0] % 3 == 0)
+
+    train, heldout = stream("train"), stream("heldout")
+    assert [next(train) for _ in range(4)] == [[1, 1], [2, 2], [4, 4], [5, 5]]
+    assert [next(heldout) for _ in range(3)] == [[0, 0], [3, 3], [6, 6]]
+    with pytest.raises(ValueError, match="split must be 'train' or 'heldout'"):
+        split_terms("test", 0, "test", {2: 1.0}, lambda rng, k: [0] * k, lambda t: True)   # at once, not on next()
+    assert first_items(iter([]), 0) == []
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        first_items(iter([]), -1)

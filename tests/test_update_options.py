@@ -147,6 +147,27 @@ def test_prepare_then_apply_is_the_update_and_prepare_does_not_train():
     assert LocalParallel().micro_batches(prep.batch, 4096) == [([0, 1, 2, 3], 1.0)]
 
 
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_prepare_computes_the_mpt_mask_once_and_static_mode_trains_on_it(mode, monkeypatch):
+    import ulorl.algo.masks as masks
+    import ulorl.train.update as update
+    from ulorl.train.update import PreparedUpdate, prepare_update
+
+    calls = []
+    real = masks.mpt_mask
+    for module in (masks, update):   # every name the update could reach it by
+        if hasattr(module, "mpt_mask"):
+            monkeypatch.setattr(module, "mpt_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cfg = _cfg(f"algo.mpt.mode={mode}", "algo.mpt.tau=0.5")   # tau 0.5: the greedy samples hold MPTs
+    prep = prepare_update(samples(), TorchBackend(tiny_model(), cfg.train), cfg.algo, cfg.train, 1.0, 0,
+                          torch.device("cpu"))
+    assert isinstance(prep, PreparedUpdate) and len(calls) == 1
+    if mode == "static":   # the metric and the loss read one mask
+        n = prep.batch.num_response_tokens
+        assert prep.metrics["train/mpt_frac"] == prep.metrics["train/masked_frac"] == float(prep.loss_mask.sum()) / n
+        assert prep.loss_mask.any()
+
+
 def test_prepare_returns_the_reason_when_nothing_can_train():
     from ulorl.train.update import UpdateResult, prepare_update
 

@@ -13,6 +13,7 @@ from ulorl.rollout.engines.vllm import (
     native_trainer_init_info,
     rope_overrides,
 )
+from ulorl.rollout.types import EngineBase
 from ulorl.rollout.weight_sync import (
     SharedBucket,
     bucket_bytes_from_mb,
@@ -94,7 +95,9 @@ def test_bucket_size_validation():
         pack_bucket([("z", torch.zeros(2, dtype=torch.complex64))])
 
 
-class _StreamEngine:
+class _StreamEngine(EngineBase):
+    streams_weights = True
+
     def __init__(self):
         self.got = None
 
@@ -102,12 +105,16 @@ class _StreamEngine:
         self.got = (list(weights), version)
 
 
-class _PlainEngine:
+class _PlainEngine(EngineBase):
     def __init__(self):
         self.got = None
+        self.streamed = False
 
     def update_weights(self, state_dict, version):
         self.got = (dict(state_dict), version)
+
+    def update_weights_streamed(self, weights, version):   # present, but streams_weights is False
+        self.streamed = True
 
 
 class _Backend:
@@ -123,7 +130,7 @@ def test_push_weights_streams_to_streaming_engines_only():
     push_weights(se, _Backend(), 3)
     push_weights(pe, _Backend(), 4)
     assert [n for n, _ in se.got[0]] == ["w"] and se.got[1] == 3
-    assert list(pe.got[0]) == ["w"] and pe.got[1] == 4
+    assert list(pe.got[0]) == ["w"] and pe.got[1] == 4 and not pe.streamed
 
 
 def test_engine_options_reach_vllm_arguments():

@@ -24,6 +24,7 @@ from ulorl.algo.entropy_control import ENTROPY_CONTROLS
 from ulorl.algo.importance import IS_MODES
 from ulorl.algo.loss import LOSS_AGG
 from ulorl.algo.masks import ENTROPY_SCOPES, MASK_MODES
+from ulorl.segments import segment_length
 
 
 class ConfigError(ValueError):
@@ -129,7 +130,8 @@ class RolloutConfig(_Section):
 
     @property
     def segment_len(self) -> int:
-        return self.max_response_len // self.segments
+        """Tokens per segment (``ulorl.segments.segment_length``: ``ceil(max_response_len / segments)``)."""
+        return segment_length(self.max_response_len, self.segments)
 
 
 class RewardConfig(_Section):

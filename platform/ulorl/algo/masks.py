@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 import torch
@@ -109,9 +110,8 @@ def dmmpt_mask(
     Returns:
         Bool[B, T].
     """
-    mpt = mpt_mask(token_logprobs, rewards, response_mask, tau)
-    gate = mean_response_entropy(token_entropy, response_mask, scope, batch_entropy) < sigma
-    return mpt & gate.reshape(-1, 1)
+    return _mask_dmmpt(MaskInputs(token_logprobs, rewards, response_mask, token_entropy, tau=tau, sigma=sigma,
+                                  scope=scope, batch_entropy=batch_entropy))
 
 
 # ---- registry: algo.mpt.mode -> (loss mask, gate-open samples) --------------------------------
@@ -147,6 +147,12 @@ class MaskInputs:
             raise ValueError("mpt mode 'dynamic' needs token_entropy [B, T]")
         return self.token_entropy
 
+    @cached_property
+    def mpt(self) -> Tensor:
+        """Bool[B, T]: :func:`mpt_mask` of these inputs, computed once (the static and dynamic masks
+        and the trainer's ``train/mpt_frac`` share it)."""
+        return mpt_mask(self.token_logprobs, self.rewards, self.response_mask, self.tau)
+
 
 @dataclass(frozen=True)
 class MaskMode:
@@ -162,12 +168,12 @@ def _mask_nothing(x: MaskInputs) -> Tensor:
 
 
 def _mask_mpt(x: MaskInputs) -> Tensor:
-    return mpt_mask(x.token_logprobs, x.rewards, x.response_mask, x.tau)
+    return x.mpt
 
 
 def _mask_dmmpt(x: MaskInputs) -> Tensor:
-    return dmmpt_mask(x.token_logprobs, x.rewards, x.response_mask, x.entropy(), x.tau, x.sigma, x.scope,
-                      batch_entropy=x.batch_entropy)
+    """:func:`dmmpt_mask` over the inputs' shared MPT mask."""
+    return x.mpt & _gate_open(x).reshape(-1, 1)
 
 
 def _no_rows(x: MaskInputs) -> Tensor:

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         from ulorl.scale.placement import run_with_placement
 
         return run_with_placement(cfg, args)
+    from ulorl.rollout.engines import MissingExtraError
     from ulorl.train.checkpoint import CheckpointSpaceError
     from ulorl.train.trainer import Trainer
 
@@ -93,11 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointSpaceError as exc:
         print(f"ulorl-train: {exc}:\n  ulorl-train {args.experiment} --resume {exc.root.parent}", file=sys.stderr)
         return 1
-    except RuntimeError as exc:
-        if type(exc).__name__ == "MissingExtraError":
-            print(f"ulorl-train: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except MissingExtraError as exc:
+        print(f"ulorl-train: {exc}", file=sys.stderr)
+        return 2
     if os.environ.get("RANK", "0") != "0":
         return 130 if result.interrupted else 0  # only rank 0 reports
     state = "interrupted (checkpoint saved; continue with --resume)" if result.interrupted else "finished"

@@ -413,7 +413,7 @@ def _generate_answers(
 ) -> list[list[tuple[str, bool]]]:
     """``n`` responses per row from ``model``: ``[(text, truncated)] * n`` per row."""
     out: list[list[tuple[str, bool]]] = []
-    eos = getattr(model.engine, "eos_token_id", None)
+    eos = model.engine.eos_token_id
     rid = 0
     for start in range(0, len(rows), batch_prompts):
         chunk = rows[start : start + batch_prompts]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal, Optional
 
@@ -105,31 +105,58 @@ def split_seed(source: str, split: Split, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{source}:{split}:{seed}".encode()).digest()[:8], "big")
 
 
-def iter_split(split: Split, seed: int = 0, spec: TaskSpec = DEFAULT_SPEC) -> Iterator[PromptItem]:
-    """Endless deterministic stream of items of one split (duplicates possible within a split)."""
+def split_terms(
+    split: Split,
+    seed: int,
+    source: str,
+    weights: dict[int, float],
+    draw: Callable[[random.Random, int], list[int]],
+    heldout: Callable[[Sequence[int]], bool],
+) -> Iterator[list[int]]:
+    """Endless deterministic stream of the term lists of one split, shared by the task generators.
+
+    Per item: ``k ~ weights`` (term count -> probability), then ``terms = draw(rng, k)`` redrawn
+    until ``heldout(terms)`` matches the split (rejection keeps k's law and moves a problem to its
+    own split). The rng is seeded by ``split_seed(source, split, seed)``. Raises ValueError (at
+    once) for a split other than 'train' / 'heldout'.
+    """
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    rng = random.Random(split_seed(SOURCE, split, seed))
-    weights = term_count_weights(spec)
+    rng = random.Random(split_seed(source, split, seed))
     ks, ps = list(weights), list(weights.values())
     want_heldout = split == "heldout"
-    i = 0
-    while True:
-        k = rng.choices(ks, ps)[0]
-        while True:  # rejection keeps k's law and moves the problem to its own split
-            terms = [rng.randint(spec.low, spec.high) for _ in range(k)]
-            if is_heldout(terms, spec) == want_heldout:
-                break
-        yield make_item(terms, f"sum-{split}-{seed}-{i:07d}")
-        i += 1
+
+    def stream() -> Iterator[list[int]]:
+        while True:
+            k = rng.choices(ks, ps)[0]
+            while True:
+                terms = draw(rng, k)
+                if heldout(terms) == want_heldout:
+                    break
+            yield terms
+
+    return stream()
+
+
+def first_items(items: Iterator[PromptItem], n: int) -> list[PromptItem]:
+    """The first ``n`` items of an endless split stream (a prefix: larger n extends smaller n)."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return [next(items) for _ in range(n)]
+
+
+def iter_split(split: Split, seed: int = 0, spec: TaskSpec = DEFAULT_SPEC) -> Iterator[PromptItem]:
+    """Endless deterministic stream of items of one split (duplicates possible within a split)."""
+    terms = split_terms(split, seed, SOURCE, term_count_weights(spec),
+                        lambda rng, k: [rng.randint(spec.low, spec.high) for _ in range(k)],
+                        lambda t: is_heldout(t, spec))
+    for i, t in enumerate(terms):
+        yield make_item(t, f"sum-{split}-{seed}-{i:07d}")
 
 
 def make_split(split: Split, n: int, seed: int = 0, spec: TaskSpec = DEFAULT_SPEC) -> list[PromptItem]:
     """The first ``n`` items of ``iter_split(split, seed)`` (a prefix: larger n extends smaller n)."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    it = iter_split(split, seed, spec)
-    return [next(it) for _ in range(n)]
+    return first_items(iter_split(split, seed, spec), n)
 
 
 def reference_solution(item: PromptItem) -> str:

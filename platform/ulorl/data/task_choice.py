@@ -34,7 +34,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from ulorl.data.task import Split, canonical, is_correct, last_boxed_int, long_tail_weights, make_prompt, split_seed  # noqa: F401,E501  (re-exported: same checks and prompt)
+from ulorl.data.task import (  # noqa: F401  (re-exported: same checks and prompt)
+    Split,
+    canonical,
+    first_items,
+    is_correct,
+    last_boxed_int,
+    long_tail_weights,
+    make_prompt,
+    split_seed,
+    split_terms,
+)
 from ulorl.data.types import PromptItem
 
 SOURCE = "embedded:choice"
@@ -195,32 +205,19 @@ def make_item(terms: Sequence[int], item_id: str) -> PromptItem:
 
 
 def iter_split(split: Split, seed: int = 0, spec: ChoiceSpec = CHOICE_SPEC) -> Iterator[PromptItem]:
-    """Endless deterministic stream of items of one split."""
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    """Endless deterministic stream of items of one split (distinct terms per problem)."""
+    terms = split_terms(split, seed, SOURCE, term_count_weights(spec),
+                        lambda rng, k: rng.sample(range(spec.low, spec.high + 1), k),
+                        lambda t: is_heldout(t, spec))
     if spec.high - spec.low + 1 < spec.max_terms:
         raise ValueError(f"term range [{spec.low}, {spec.high}] cannot hold {spec.max_terms} distinct terms")
-    rng = random.Random(split_seed(SOURCE, split, seed))
-    weights = term_count_weights(spec)
-    ks, ps = list(weights), list(weights.values())
-    want_heldout = split == "heldout"
-    i = 0
-    while True:
-        k = rng.choices(ks, ps)[0]
-        while True:
-            terms = rng.sample(range(spec.low, spec.high + 1), k)
-            if is_heldout(terms, spec) == want_heldout:
-                break
-        yield make_item(terms, f"choice-{split}-{seed}-{i:07d}")
-        i += 1
+    for i, t in enumerate(terms):
+        yield make_item(t, f"choice-{split}-{seed}-{i:07d}")
 
 
 def make_split(split: Split, n: int, seed: int = 0, spec: ChoiceSpec = CHOICE_SPEC) -> list[PromptItem]:
     """The first ``n`` items of ``iter_split(split, seed)``."""
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    it = iter_split(split, seed, spec)
-    return [next(it) for _ in range(n)]
+    return first_items(iter_split(split, seed, spec), n)
 
 
 def training_solution(item: PromptItem, rng: random.Random, spec: ChoiceSpec = CHOICE_SPEC) -> tuple[str, float]:

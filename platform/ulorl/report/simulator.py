@@ -51,6 +51,7 @@ import numpy as np
 from ulorl.rollout.buckets import plan_buckets
 from ulorl.rollout.prefix import prefill_tokens as _forest_prefill_tokens
 from ulorl.rollout.prefix import sequences_with_lcps
+from ulorl.segments import segment_length
 
 __all__ = [
     "CostModel",
@@ -481,7 +482,7 @@ class RolloutSetup:
 
     @property
     def segment_len(self) -> int:
-        return -(-self.max_len // self.segments)
+        return segment_length(self.max_len, self.segments)
 
 
 def effective_context(ctx0: np.ndarray, setup: RolloutSetup, decode_len: int) -> tuple[np.ndarray, np.ndarray]:

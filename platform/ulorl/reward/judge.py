@@ -144,7 +144,7 @@ class GenerativeJudge:
                     )
                     self._next_id += 1
                 results = self.engine.generate(requests, self.sampling)
-                eos = getattr(self.engine, "eos_token_id", None)
+                eos = self.engine.eos_token_id
                 for pair, res in zip(todo, results):
                     st["calls"] += 1
                     verdict = parse_verdict(decode_ids(self.tokenizer, res.token_ids, eos))

@@ -79,16 +79,6 @@ def strip_math_delimiters(s: str) -> str:
             return s
 
 
-def strip_outer_box(s: str) -> str:
-    """``\\boxed{x}`` spanning the whole string -> ``x``."""
-    m = re.match(r"\s*\\(?:boxed|fbox)\s*\{", s)
-    if m:
-        inner = braced_group(s, m.end() - 1)
-        if inner is not None and s.rstrip().endswith("}") and m.end() + len(inner) + 1 == len(s.rstrip()):
-            return inner.strip()
-    return s
-
-
 def strip_outer_braces(s: str) -> str:
     """A plain ``{...}`` group around the whole string (LaTeX grouping, not a set) -> its content."""
     if s.startswith("{") and s.endswith("}"):

@@ -10,7 +10,6 @@ from ulorl.rollout.scheduler import (
     RolloutStepResult,
     SegmentScheduler,
     request_seed,
-    segment_length,
 )
 from ulorl.rollout.types import (
     Engine,
@@ -22,6 +21,7 @@ from ulorl.rollout.types import (
     SamplingParams,
     SegmentSpan,
 )
+from ulorl.segments import segment_length
 
 __all__ = [
     "Engine", "EngineStats", "ExperiencePool", "GenerationRequest", "GenerationResult", "PoolInvariantError",

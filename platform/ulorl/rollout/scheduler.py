@@ -42,6 +42,7 @@ from ulorl.rollout.types import (
     SamplingParams,
     SegmentSpan,
 )
+from ulorl.segments import segment_length
 
 __all__ = [
     "PromptLike",
@@ -49,7 +50,6 @@ __all__ = [
     "RolloutStepResult",
     "SegmentScheduler",
     "request_seed",
-    "segment_length",
 ]
 
 ScoreFn = Callable[[list[Sample]], Optional[Sequence[float]]]
@@ -78,11 +78,6 @@ def request_seed(seed: int, sample_id: int, segment_index: int) -> int:
     """Deterministic 31-bit seed of one request (stable across processes and Python versions)."""
     digest = hashlib.blake2b(f"{seed}:{sample_id}:{segment_index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
-def segment_length(max_response_len: int, segments: int) -> int:
-    """Tokens per segment: ``ceil(L / S)`` (= ``L // S`` when S divides L, as configs require)."""
-    return -(-max_response_len // segments)
 
 
 @dataclass
@@ -123,10 +118,6 @@ class RolloutStepResult:
     @property
     def released_groups(self) -> int:
         return len(self.groups)
-
-    @property
-    def released_samples(self) -> int:
-        return sum(len(g) for g in self.groups)
 
     def metrics(self) -> dict[str, float]:
         """Flat numbers for the tracker (``pool/*`` names match ``ulorl.tracking.schema``)."""
@@ -236,8 +227,8 @@ class SegmentScheduler:
     def context_room(self, sample: Sample) -> Optional[int]:
         """Tokens the engine can still add to ``sample`` (its ``max_model_len`` minus the context),
         None when the engine states no limit."""
-        limit = getattr(self.engine, "max_model_len", None)
-        if not isinstance(limit, int):
+        limit = self.engine.max_model_len
+        if limit is None:
             return None
         return limit - len(sample.prompt_ids) - sample.response_len
 
@@ -305,7 +296,7 @@ class SegmentScheduler:
         self._check_results(requests, got)
         by_id = {r.request_id: r for r in got}
         results = [by_id.get(s.sample_id) or GenerationResult(s.sample_id, [], [], "length") for s in batch]
-        stats = getattr(self.engine, "last_stats", None) if requests else None
+        stats = self.engine.last_stats if requests else None
 
         pools.unfinished.take_all()
         pools.admit(new_samples)

@@ -6,6 +6,7 @@ Nothing here imports torch or a model: the segment scheduler is pure Python over
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Protocol, runtime_checkable
 
@@ -133,12 +134,58 @@ class EngineStats:
     batch_rows: int = 0
 
 
+WeightStream = Iterable[tuple[str, Any]]
+"""``(name, tensor)`` pairs of the policy, HF parameter names, consumed lazily."""
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """What the scheduler needs from a rollout engine (hf, vllm, or a scripted fake in tests)."""
+    """Everything the scheduler, the trainer, weight sync and placement ask of a rollout engine
+    (hf, vllm, the Ray ``RemoteEngine``, or a scripted fake in tests).
+
+    Optional capabilities are typed members every engine has (``EngineBase`` holds the defaults of
+    an engine without them): code reads them, never probes for them.
+    """
 
     eos_token_id: int
     policy_version: int
+
+    @property
+    def max_model_len(self) -> Optional[int]:
+        """Context limit (prompt + response tokens); None: no limit. The scheduler clips requests to it."""
+        ...
+
+    @property
+    def last_stats(self) -> Optional[EngineStats]:
+        """Counters of the last ``generate`` call (None: none kept)."""
+        ...
+
+    @property
+    def streams_weights(self) -> bool:
+        """True: ``push_weights`` hands the backend's lazy weight streams to ``update_weights_from``;
+        False: it sends ``state_dict_for_rollout()`` to ``update_weights`` (an in-process engine
+        that shares or copies the trainer's tensors)."""
+        ...
+
+    @property
+    def colocate(self) -> bool:
+        """The engine shares the trainer's GPU: the trainer calls ``sleep`` before each update."""
+        ...
+
+    @property
+    def asleep(self) -> bool:
+        """Weights discarded by ``sleep``; the next ``update_weights*`` call wakes the engine."""
+        ...
+
+    @property
+    def weight_transfer(self) -> str:
+        """How weights reach the engine: 'stream' (buckets over the engine's RPC), 'nccl' or 'ipc'."""
+        ...
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Processes (GPUs) one engine decodes on."""
+        ...
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationResult]:
         """Decode each request; results in the same order as requests."""
@@ -147,3 +194,61 @@ class Engine(Protocol):
     def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load new policy weights (and drop any prefix cache computed under old ones)."""
         ...
+
+    def update_weights_streamed(self, weights: WeightStream, version: int) -> None:
+        """Load new policy weights from one lazily consumed stream."""
+        ...
+
+    def update_weights_from(self, stream_factory: Callable[[], WeightStream], version: int) -> None:
+        """Load new policy weights from ``stream_factory()`` (native transfer reads it twice)."""
+        ...
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory until the next weight update (``colocate`` engines only)."""
+        ...
+
+    def wake(self) -> None:
+        """Leave sleep without a weight update, where the engine can."""
+        ...
+
+    def close(self) -> None:
+        """Stop the engine's own processes and free what it holds (idempotent)."""
+        ...
+
+
+class EngineBase:
+    """The ``Engine`` members of an engine without the optional capabilities: no context limit,
+    no counters, weights as one state dict, no colocation or sleep, nothing to close. An engine
+    subclasses it and overrides what it supports."""
+
+    eos_token_id: int
+    policy_version: int = 0
+    max_model_len: Optional[int] = None
+    last_stats: Optional[EngineStats] = None
+    streams_weights: bool = False
+    colocate: bool = False
+    asleep: bool = False
+    weight_transfer: str = "stream"
+    tensor_parallel_size: int = 1
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement update_weights")
+
+    def update_weights_streamed(self, weights: WeightStream, version: int) -> None:
+        """The whole stream collected into one state dict for ``update_weights``."""
+        self.update_weights(dict(weights), version)
+
+    def update_weights_from(self, stream_factory: Callable[[], WeightStream], version: int) -> None:
+        self.update_weights_streamed(stream_factory(), version)
+
+    def sleep(self) -> None:
+        raise RuntimeError(f"{type(self).__name__} cannot sleep: it is not colocated with the trainer")
+
+    def wake(self) -> None:
+        """Nothing to do while awake; an engine asleep (weights discarded) wakes only with a weight update."""
+        if self.asleep:
+            raise RuntimeError(f"{type(self).__name__}.wake: the weights were discarded in sleep; push the "
+                               "weights with update_weights / update_weights_streamed to wake it")
+
+    def close(self) -> None:
+        """Nothing to stop."""

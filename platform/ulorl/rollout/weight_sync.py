@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from ulorl.rollout.types import Engine
+
 __all__ = [
     "DEFAULT_BUCKET_MB",
     "BucketPlan",
@@ -251,22 +253,18 @@ def open_shared_bucket(path: str) -> list[tuple[str, torch.Tensor]]:
     return unpack_bucket(mm)  # the views keep the mapping alive; it unmaps when they are freed
 
 
-def push_weights(engine: Any, backend: Any, version: int) -> None:
+def push_weights(engine: Engine, backend: Any, version: int) -> None:
     """Send the trainer's current weights to ``engine`` (the trainer's weight-sync call site).
 
-    Engines with ``update_weights_from`` (vLLM, Ray engine actors) get the backend's stream factory
-    (native transfer walks it twice); engines with ``update_weights_streamed`` get the backend's lazy
-    ``named_weights_for_rollout()`` stream (gathered per parameter under ZeRO-3) and bucket it
-    themselves; other engines (the in-process HF engine, which shares or copies tensors) get
+    Engines that stream weights (``engine.streams_weights``: vLLM, Ray engine actors) get the
+    backend's factory of lazy ``named_weights_for_rollout()`` streams (gathered per parameter under
+    ZeRO-3) through ``update_weights_from`` (native transfer walks it twice; ``stream`` buckets one);
+    other engines (the in-process HF engine, which shares or copies tensors) get
     ``state_dict_for_rollout()``. Every rank of a data-parallel backend must call this (ZeRO-3
     gathers are collective); the worker ranks' streams are consumed but not sent.
     """
     stream = getattr(backend, "named_weights_for_rollout", None)
-    from_streams = getattr(engine, "update_weights_from", None)
-    streamed = getattr(engine, "update_weights_streamed", None)
-    if stream is not None and from_streams is not None:
-        from_streams(stream, version)        # native transfer reads the stream twice (metadata, tensors)
-    elif stream is not None and streamed is not None:
-        streamed(stream(), version)
+    if stream is not None and engine.streams_weights:
+        engine.update_weights_from(stream, version)   # native transfer reads the stream twice (metadata, tensors)
     else:
         engine.update_weights(backend.state_dict_for_rollout(), version)

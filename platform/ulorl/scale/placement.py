@@ -40,8 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from ulorl.rollout.types import Engine, EngineBase
+
 if TYPE_CHECKING:
     from ulorl.config import ExperimentConfig
+    from ulorl.rollout.engines.vllm import VLLMEngine
 
 PG_READY_TIMEOUT_S = 120.0
 
@@ -218,9 +221,11 @@ def actor_threads(cpus: float) -> int:
 # ----------------------------------------------------------------------------- actors
 
 
-class RemoteEngine:
+class RemoteEngine(EngineBase):
     """``Engine`` protocol over rollout-engine actors: requests are split into contiguous chunks
     (one per engine, order kept), weights go to every engine."""
+
+    streams_weights = True
 
     def __init__(self, handles: list[Any], eos_token_id: int, bucket_mb: float = 256.0) -> None:
         import ray
@@ -386,22 +391,34 @@ class EngineActor:
         # engine_rollout_config: tensor_parallel_size from resources.gpus_per_engine, the engine context
         self._updates, self._updating = 0, False   # weight updates finished / one in flight (describe)
         self.rollout_cfg = engine_rollout_config(cfg)
-        self.engine: Any = make_engine(self.rollout_cfg, model, tok, in_trainer_process=False)  # vLLM methods too
+        self.engine: Engine = make_engine(self.rollout_cfg, model, tok, in_trainer_process=False)
+
+    @property
+    def _vllm(self) -> VLLMEngine:
+        """The engine, for vLLM's own native weight-transfer protocol (only a vLLM engine speaks it)."""
+        from ulorl.rollout.engines.vllm import VLLMEngine
+
+        if not isinstance(self.engine, VLLMEngine):
+            raise TypeError(f"native weight transfer needs rollout.engine=vllm; this actor runs "
+                            f"{type(self.engine).__name__}")
+        return self.engine
 
     def info(self) -> dict[str, Any]:
         return _node_info()
 
     def describe(self) -> dict[str, Any]:
         """What the trainer's ``RemoteEngine`` mirrors: the engine's context limit and colocation."""
-        limit = getattr(self.engine, "max_model_len", None)
-        llm_kwargs = getattr(self.engine, "llm_kwargs", None) or {}
-        return {"policy_version": int(getattr(self.engine, "policy_version", 0)), "updates": self._updates,
+        from ulorl.rollout.engines.vllm import VLLMEngine
+
+        eng = self.engine
+        limit = eng.max_model_len
+        return {"policy_version": int(eng.policy_version), "updates": self._updates,
                 "updating": self._updating,
                 "max_model_len": int(limit) if limit is not None else None,
-                "colocate": bool(getattr(self.engine, "colocate", False)),
-                "weight_transfer": str(getattr(self.engine, "weight_transfer", "stream")),
-                "tensor_parallel_size": int(getattr(self.engine, "tensor_parallel_size", 1)),
-                "model": llm_kwargs.get("model")}
+                "colocate": bool(eng.colocate),
+                "weight_transfer": str(eng.weight_transfer),
+                "tensor_parallel_size": int(eng.tensor_parallel_size),
+                "model": eng.llm_kwargs.get("model") if isinstance(eng, VLLMEngine) else None}
 
     def sleep(self) -> None:
         self.engine.sleep()
@@ -409,36 +426,34 @@ class EngineActor:
     def close(self) -> None:
         """Stop the engine's own processes (vLLM's engine core and workers are children of this actor:
         ``ray.kill`` alone leaves them running, holding their memory)."""
-        close = getattr(self.engine, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()
 
     # vLLM's weight-sync protocol (``VLLMWeightSyncClient``, the methods of its offline ``LLM``): the
     # trainer's rank 0 drives native transfer through vLLM's own ``RayVLLMWeightSyncClient`` over this actor
     def init_weight_transfer_engine(self, request: Any) -> None:
-        self.engine.llm.init_weight_transfer_engine(request)
+        self._vllm.llm.init_weight_transfer_engine(request)
 
     def shutdown_weight_transfer_engine(self) -> None:
-        self.engine.llm.shutdown_weight_transfer_engine()
+        self._vllm.llm.shutdown_weight_transfer_engine()
 
     def start_weight_update(self) -> None:
-        if getattr(self.engine, "asleep", False):
-            self.engine.llm.wake_up(tags=["weights"])
-        self.engine.llm.start_weight_update()
+        if self.engine.asleep:
+            self._vllm.llm.wake_up(tags=["weights"])
+        self._vllm.llm.start_weight_update()
 
     def update_weights(self, request: Any, version: Optional[int] = None) -> None:
         if version is not None:           # the Engine protocol's full state-dict update
             self.engine.update_weights(request, version)
         else:                             # a native-transfer round (the trainer broadcasts meanwhile)
-            self.engine.llm.update_weights(request)
+            self._vllm.llm.update_weights(request)
 
     def finish_weight_update(self) -> None:
-        self.engine.llm.finish_weight_update()
+        self._vllm.llm.finish_weight_update()
 
     def update_weight_version(self, version: str) -> None:
         """End of a native round: wake the KV cache, drop the prefix cache, record the version."""
-        eng = self.engine
-        if getattr(eng, "asleep", False):
+        eng = self._vllm
+        if eng.asleep:
             eng.llm.wake_up(tags=["kv_cache"])
             eng.asleep = False
         if not eng.llm.reset_prefix_cache():
@@ -448,7 +463,7 @@ class EngineActor:
 
     def generate(self, requests: list[Any], sampling: Any) -> tuple[list[Any], Any]:
         results = self.engine.generate(requests, sampling)
-        return results, getattr(self.engine, "last_stats", None)
+        return results, self.engine.last_stats
 
     # streamed update: the trainer pushes buckets; a streaming engine (vLLM) consumes them as they come
     # in a background thread (one bucket queued at a time), any other engine gets them as one dict
@@ -461,7 +476,6 @@ class EngineActor:
         self._loaded = 0
         self._error: BaseException | None = None
         self._version = version
-        streamed = getattr(self.engine, "update_weights_streamed", None)
 
         def pairs() -> Iterator[tuple[str, Any]]:
             while (bucket := self._bucket_queue.get()) is not None:
@@ -471,10 +485,7 @@ class EngineActor:
 
         def consume() -> None:
             try:
-                if streamed is not None:
-                    streamed(pairs(), version)
-                else:
-                    self.engine.update_weights(dict(pairs()), version)
+                self.engine.update_weights_streamed(pairs(), version)   # EngineBase: one dict for hf
             except BaseException as exc:  # handed to finish_update, which raises it in the caller
                 self._error = exc
                 while not self._bucket_queue.empty():  # free a push blocked on the full queue

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict, flatten_config
+from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict
 from ulorl.quiet import quiet_libraries
 from ulorl.scale.placement import PlacementError
 from ulorl.sweep import ranking
@@ -686,7 +686,3 @@ class SweepRunner:
         tracker.add_metrics({k: v for k, v in metrics.items() if k not in logged}, step=0)
         tracker.end("FINISHED")
         return {**summary, "parent_run_id": parent, "sweep_dir": str(self.sweep_dir), "tracking_uri": self.store_uri}
-
-
-def flat_overrides_of(cfg: ExperimentConfig) -> dict[str, Any]:
-    return flatten_config(cfg)

@@ -92,10 +92,6 @@ class TorchBackend:
         if self.masters is not None:
             self._accumulate_to_masters()
 
-    def grads_finite(self) -> bool:
-        tensors = self.masters if self.masters is not None else list(self.model.parameters())
-        return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in tensors)
-
     def step(self) -> float:
         trained = self.masters if self.masters is not None else self.params
         norm = torch.nn.utils.clip_grad_norm_(trained, self.cfg.grad_clip)

@@ -32,7 +32,7 @@ from ulorl.rollout.engine_config import engine_rollout_config, prompt_budget
 from ulorl.rollout.engines import MissingExtraError, make_engine, vllm_available
 from ulorl.rollout.pools import has_mixed_rewards
 from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler
-from ulorl.rollout.types import Sample, SamplingParams
+from ulorl.rollout.types import Engine, Sample, SamplingParams
 from ulorl.rollout.weight_sync import push_weights
 from ulorl.tracking import resolve_tracking_uri, schema
 from ulorl.tracking.run import RunTracker
@@ -168,7 +168,7 @@ class Trainer:
         progress: bool = True,
         fail_at_step: Optional[int] = None,
         eval_at_start: bool = False,
-        engine_factory: Optional[Callable[..., Any]] = None,
+        engine_factory: Optional[Callable[..., Engine]] = None,
         allow_config_change: bool = False,
     ) -> None:
         self.cfg = cfg
@@ -221,7 +221,7 @@ class Trainer:
         self.backend: TrainBackend = self._make_backend(model)
         # deepspeed: backend.model is the DeepSpeed engine; rollouts/checkpoints use the plain module
         self.model = cast("PreTrainedModel", self.backend.rollout_model)
-        self.engine = (self.engine_factory or make_engine)(engine_rollout_config(cfg), self.model, tokenizer)
+        self.engine: Engine = (self.engine_factory or make_engine)(engine_rollout_config(cfg), self.model, tokenizer)
         def load_judge_engine(name: str) -> tuple[Any, Any]:
             jm, jt = load_model(cfg, self.device, name_or_path=name, rope_scaling=False)
             return make_engine(cfg.rollout.model_copy(update={"batching": "compact"}), jm, jt), jt
@@ -480,8 +480,8 @@ class Trainer:
         samples = [s for g in res.groups for s in g]
         t1 = time.perf_counter()
         update = None
-        if samples and getattr(self.engine, "colocate", False):
-            cast(Any, self.engine).sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
+        if samples and self.engine.colocate:
+            self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
         if samples:
             update = policy_update(
                 samples, self.backend, cfg.algo, cfg.train, cfg.rollout.temperature, self.pad_id, self.device
@@ -504,7 +504,7 @@ class Trainer:
                     metrics[schema.NONFINITE_GRAD_METRIC] = update.metrics.get(schema.NONFINITE_GRAD_METRIC, 0.0)
                     log.warning("step %d: %s", self.step, reason)
             metrics[schema.SKIPPED_METRIC] = 1.0
-            if getattr(self.engine, "asleep", False):
+            if self.engine.asleep:
                 # a colocated vLLM engine slept at level 2 (weights discarded): the unchanged weights wake it
                 push_weights(self.engine, self.backend, self.policy_version)
         if samples:

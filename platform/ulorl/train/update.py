@@ -21,7 +21,6 @@ from ulorl.algo import (
     MaskInputs,
     dynamic_sampling_filter,
     group_advantages,
-    mpt_mask,
     policy_loss,
     select_old_logprobs,
 )
@@ -152,9 +151,9 @@ def prepare_update(
     old_lp = select_old_logprobs(algo.is_mode, cur_lp, batch.sais_logprobs) * resp
 
     sample_entropy = (ent * resp).sum(1) / resp.sum(1).clamp(min=1)
-    mpt = mpt_mask(cur_lp, batch.rewards, resp, algo.mpt.tau)
     mask_in = MaskInputs(cur_lp, batch.rewards, resp, ent, tau=algo.mpt.tau, sigma=algo.mpt.sigma,
                          scope=algo.mpt.entropy_scope)
+    mpt = mask_in.mpt   # the static mask itself (mode "static"), inside the dynamic one: computed once
     loss_mask = MASK_MODES[algo.mpt.mode].mask(mask_in)
     active = MASK_MODES[algo.mpt.mode].active(mask_in)
     ec, control = algo.entropy_control, entropy_control(algo.entropy_control.mode)

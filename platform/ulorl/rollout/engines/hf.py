@@ -51,7 +51,7 @@ from ulorl.rollout.buckets import plan_buckets  # noqa: F401  (re-exported; torc
 from ulorl.rollout.engines.fastlm import Bucket, FastCausalLM, unsupported_reason
 from ulorl.rollout.engines.sampling import combine_seed, counter_uniforms, sample_tokens
 from ulorl.rollout.prefix import PrefixNode, prefix_forest, share_plan  # noqa: F401  (re-exported)
-from ulorl.rollout.types import EngineStats, GenerationRequest, GenerationResult, SamplingParams
+from ulorl.rollout.types import EngineBase, EngineStats, GenerationRequest, GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class _Row:
     start_pos: int        # response position of the first new token (= len(prefix))
 
 
-class HFEngine:
+class HFEngine(EngineBase):
     """Engine protocol implementation over a transformers causal LM (module docstring).
 
     Args:
@@ -149,6 +149,7 @@ class HFEngine:
         self.compact_min_frac = compact_min_frac
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.share_min_tokens = share_min_tokens
+        self.rebucket = True   # compaction re-plans the buckets for the surviving rows (False: keeps them)
         self.device = torch.device(device)
         if isinstance(dtype, str):
             if dtype not in _DTYPES:
@@ -417,7 +418,7 @@ class _FastState:
         self.ctx = lens                                                   # context length per batch row
         self.max_new_longest = max_new_longest
         self.max_buckets, self.overhead = eng.max_buckets, eng.bucket_overhead
-        self.rebucket = getattr(eng, "rebucket", True)
+        self.rebucket = eng.rebucket
         self.pos = torch.tensor(lens, dtype=torch.long, device=dev)      # position of token 0
         plan = plan_buckets(lens, max_new_longest, eng.max_buckets, eng.bucket_overhead)
         stats.buckets = stats.buckets or len(plan)

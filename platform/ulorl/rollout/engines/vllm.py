@@ -95,7 +95,7 @@ from ulorl.rollout.engines.vllm_ext import (
     WORKER_EXTENSION,
     state_dict_to_bytes,
 )
-from ulorl.rollout.types import EngineStats, GenerationRequest, GenerationResult, SamplingParams
+from ulorl.rollout.types import EngineBase, EngineStats, GenerationRequest, GenerationResult, SamplingParams
 from ulorl.rollout.weight_sync import (
     DEFAULT_BUCKET_MB,
     SharedBucket,
@@ -500,7 +500,7 @@ def _config_eos(model_dir: Path) -> Optional[int]:
     return eos
 
 
-class VLLMEngine:
+class VLLMEngine(EngineBase):
     """Rollout engine over ``vllm.LLM`` (see the module docstring for the contract).
 
     ``model_path_or_model``: a directory saved with ``save_pretrained`` (or an HF id, online
@@ -512,6 +512,7 @@ class VLLMEngine:
     """
 
     name = "vllm"
+    streams_weights = True
 
     def __init__(
         self,
@@ -567,7 +568,7 @@ class VLLMEngine:
         self._names_model = conversion_model(model_dir)
         self.eos_token_id: int = eos_list[0]
         self.policy_version: int = 0
-        self.max_model_len = int(max_model_len)
+        self.max_model_len: int = int(max_model_len)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.last_stats = EngineStats()
         self.last_cached_tokens = 0        # prompt tokens served from the prefix cache, last call
@@ -586,6 +587,7 @@ class VLLMEngine:
             raise ValueError(f"weight_sync_transport must be 'shm' or 'inline', got {weight_sync_transport!r}")
         self.weight_sync_transport = weight_sync_transport
         self._native: Optional[Any] = None
+        self._llm: Any = None
 
         on_cpu = current_platform.is_cpu()
         if on_cpu and self.colocate:
@@ -640,7 +642,6 @@ class VLLMEngine:
         kwargs.update(llm_kwargs or {})
         self.llm_kwargs = {k: v for k, v in kwargs.items() if k != "logits_processors"}
         t0 = time.perf_counter()
-        self._llm: Any = None
         try:
             self._llm = LLM(**kwargs)
             runner_v2 = bool(getattr(self._llm.llm_engine.vllm_config, "use_v2_model_runner", False))
@@ -850,11 +851,11 @@ class VLLMEngine:
 
     def close(self) -> None:
         """Stop vLLM's engine / worker processes and delete a temporary model directory."""
-        native = getattr(self, "_native", None)
+        native = self._native
         if native is not None:
             self._native = None
             native.shutdown()
-        llm = getattr(self, "_llm", None)
+        llm = self._llm
         if llm is not None:
             self._llm = None
             try:

@@ -1,0 +1,116 @@
+"""The ``Engine`` protocol declares every member the scheduler, trainer, weight sync and placement
+use; ``EngineBase`` gives the defaults of an engine without the optional capabilities. mypy checks
+that HFEngine, VLLMEngine (``make_engine``'s return type) and RemoteEngine (``Trainer``'s
+``engine_factory`` type) satisfy it; these tests check the defaults and that nothing probes."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakes import ScriptedEngine
+
+from ulorl.rollout.types import Engine, EngineBase
+from ulorl.scale.placement import EngineActor
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _DictEngine(EngineBase):
+    """Only the required members: ``update_weights`` records what it was given."""
+
+    eos_token_id = 0
+
+    def __init__(self) -> None:
+        self.loads: list[tuple[dict[str, Any], int]] = []
+
+    def generate(self, requests, sampling):  # noqa: ANN001, ANN201
+        return []
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        self.loads.append((dict(state_dict), version))
+        self.policy_version = version
+
+
+def test_engine_base_defaults_describe_an_engine_without_capabilities() -> None:
+    eng = _DictEngine()
+    assert isinstance(eng, Engine)
+    assert (eng.max_model_len, eng.last_stats, eng.streams_weights, eng.colocate, eng.asleep) == (
+        None, None, False, False, False)
+    assert (eng.weight_transfer, eng.tensor_parallel_size, eng.policy_version) == ("stream", 1, 0)
+    eng.update_weights_streamed(iter([("a", 1), ("b", 2)]), 3)        # the stream as one dict
+    eng.update_weights_from(lambda: iter([("a", 5)]), 4)              # one fresh stream
+    assert eng.loads == [({"a": 1, "b": 2}, 3), ({"a": 5}, 4)] and eng.policy_version == 4
+    eng.wake()
+    eng.close()
+    with pytest.raises(RuntimeError, match="not colocated"):
+        eng.sleep()
+
+
+def test_engine_base_refuses_to_wake_an_engine_whose_weights_were_discarded() -> None:
+    eng = _DictEngine()
+    eng.asleep = True
+    with pytest.raises(RuntimeError, match="push the weights"):
+        eng.wake()
+
+
+def test_an_engine_without_update_weights_names_itself() -> None:
+    class Half(EngineBase):
+        pass
+
+    with pytest.raises(NotImplementedError, match="Half must implement update_weights"):
+        Half().update_weights_streamed(iter([("a", 1)]), 1)
+
+
+def _actor_over(engine: Engine) -> EngineActor:
+    actor = EngineActor.__new__(EngineActor)     # no Ray, no model: the actor's methods over a given engine
+    actor.engine, actor._updates, actor._updating = engine, 0, False
+    return actor
+
+
+def test_engine_actor_describes_an_engine_from_its_typed_members() -> None:
+    eng = ScriptedEngine()
+    eng.max_model_len = 99
+    assert _actor_over(eng).describe() == {
+        "policy_version": 0, "updates": 0, "updating": False, "max_model_len": 99, "colocate": False,
+        "weight_transfer": "stream", "tensor_parallel_size": 1, "model": None}
+
+
+def test_engine_actor_streams_buckets_into_a_state_dict_engine() -> None:
+    eng = _DictEngine()
+    actor = _actor_over(eng)
+    actor.begin_update(7)
+    actor.push_bucket([("a", 1), ("b", 2)])
+    actor.push_bucket([("c", 3)])
+    assert actor.finish_update() == 3
+    assert eng.loads == [({"a": 1, "b": 2, "c": 3}, 7)] and actor.describe()["updates"] == 1
+
+
+def test_native_transfer_on_a_non_vllm_engine_is_refused_by_name() -> None:
+    with pytest.raises(TypeError, match="needs rollout.engine=vllm; this actor runs ScriptedEngine"):
+        _actor_over(ScriptedEngine()).start_weight_update()
+
+
+def _engine_getattrs(tree: ast.AST) -> list[int]:
+    """Lines of ``getattr(X, ...)`` where X is a name or attribute called ``engine`` / ``eng``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and node.args:
+            target = node.args[0]
+            name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+            if name in ("engine", "eng", "_engine"):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_probe_finder_sees_a_probe() -> None:
+    assert _engine_getattrs(ast.parse("x = getattr(self.engine, 'colocate', False)")) == [1]
+    assert _engine_getattrs(ast.parse("x = self.engine.colocate")) == []
+
+
+def test_no_getattr_on_an_engine_in_product_code() -> None:
+    found = {str(p.relative_to(ROOT)): lines for p in sorted((ROOT / "platform" / "ulorl").rglob("*.py"))
+             if (lines := _engine_getattrs(ast.parse(p.read_text())))}
+    assert found == {}

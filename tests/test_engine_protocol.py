@@ -88,6 +88,22 @@ def test_engine_actor_streams_buckets_into_a_state_dict_engine() -> None:
     assert eng.loads == [({"a": 1, "b": 2, "c": 3}, 7)] and actor.describe()["updates"] == 1
 
 
+def test_engine_actor_refuses_to_generate_while_an_update_is_in_flight() -> None:
+    """vLLM's engine client is not thread-safe and reloads layers in place: a generate between
+    begin_update and finish_update (seen: a caller beside the trainer) aborted the actor."""
+    from ulorl.rollout.types import GenerationRequest, SamplingParams
+    from ulorl.scale.placement import UPDATE_IN_FLIGHT
+
+    eng = _DictEngine()
+    actor = _actor_over(eng)
+    actor.begin_update(1)
+    actor.push_bucket([("a", 1)])
+    with pytest.raises(RuntimeError) as err:
+        actor.generate([GenerationRequest(0, [1, 2], [], 4)], SamplingParams())
+    assert str(err.value) == UPDATE_IN_FLIGHT
+    assert actor.finish_update() == 1 and not actor.describe()["updating"]
+
+
 def test_native_transfer_on_a_non_vllm_engine_is_refused_by_name() -> None:
     with pytest.raises(TypeError, match="needs rollout.engine=vllm; this actor runs ScriptedEngine"):
         _actor_over(ScriptedEngine()).start_weight_update()

@@ -62,6 +62,7 @@ class _Checker:
 
         from ulorl.rollout.engines.hf import HFEngine
         from ulorl.rollout.types import GenerationRequest, SamplingParams
+        from ulorl.scale.placement import UPDATE_IN_FLIGHT
         from ulorl.train.checkpoint import read_trainer_state
 
         assert ckpt is not None, f"step {step}: no checkpoint (train.checkpoint_every=1)"
@@ -74,10 +75,16 @@ class _Checker:
                 for i in range(4)]
         greedy = SamplingParams(temperature=SAMPLING_T, greedy=True)
         sampled = SamplingParams(temperature=SAMPLING_T, seed=step)
-        for _ in range(20):      # bracket the calls: no update may start or finish in between
+        for _ in range(40):      # bracket the calls: no update may start or finish in between
             before = ray.get(actor.describe.remote())
-            got, _ = ray.get(actor.generate.remote(reqs, greedy))
-            drawn, _ = ray.get(actor.generate.remote(reqs, sampled))
+            try:                 # the actor refuses to generate while the next step's update is in flight
+                got, _ = ray.get(actor.generate.remote(reqs, greedy))
+                drawn, _ = ray.get(actor.generate.remote(reqs, sampled))
+            except ray.exceptions.RayTaskError as exc:
+                if UPDATE_IN_FLIGHT not in str(exc):
+                    raise
+                time.sleep(0.2)
+                continue
             after = ray.get(actor.describe.remote())
             if (not before["updating"] and not after["updating"] and before["updates"] == after["updates"]
                     and before["policy_version"] == version):

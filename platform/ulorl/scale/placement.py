@@ -372,6 +372,10 @@ def _node_info() -> dict[str, Any]:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
 
+UPDATE_IN_FLIGHT = ("generate refused: a streamed weight update is in flight on this engine actor "
+                    "(begin_update .. finish_update); call generate after finish_update")
+
+
 class EngineActor:
     """A rollout engine in its own Ray actor (its own copy of the policy)."""
 
@@ -462,6 +466,10 @@ class EngineActor:
         self._updates += 1
 
     def generate(self, requests: list[Any], sampling: Any) -> tuple[list[Any], Any]:
+        if self._updating:
+            # the update's thread is inside the engine (vLLM: reloading layers, driving its RPC socket, which
+            # is not thread-safe): generating now would run on half-loaded weights or abort the process
+            raise RuntimeError(UPDATE_IN_FLIGHT)
         results = self.engine.generate(requests, sampling)
         return results, self.engine.last_stats
 

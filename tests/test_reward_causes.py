@@ -282,12 +282,3 @@ def test_new_rules_stay_fast_on_pathological_text(text):
             fast_verdict(pred, "12")
         fast_verdict(text[:5000], "1, 2")
     assert time.perf_counter() - t0 < 2.0
-
-
-@pytest.mark.timeout(120)
-def test_power_towers_are_compared_without_evaluating_them():
-    """``10^{10^{10^{10}}}`` (a labelled row of the hard set) once kept sympy's simplify busy for hours
-    in-process; such values are compared as expression trees."""
-    assert compute_reward("\\boxed{10^{10}}", "10^{10^{10^{10}}}", False, "boxed") == 0.0
-    assert compute_reward("\\boxed{10^{10^{10^{10}}}}", "10^{10^{10^{10}}}", False, "boxed") == 1.0
-    assert compute_reward("\\boxed{2^{20000}}", "2^{20001}", False, "boxed") == 0.0

@@ -80,7 +80,7 @@ def test_baseline_and_best_reruns_follow_the_offsets(seeds: str | None, baseline
     runner = SweepRunner(CHOICE / "mpt_threshold.yaml", seed_offsets=seeds)
     results = [_fake_result({"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.2}, 0.6, "a"),
                _fake_result({"algo.mpt.tau": 0.99, "algo.mpt.sigma": 0.17}, 0.7, "b")]
-    entries = runner._extra_tuner_kwargs(results)["param_space"]["__extra__"]["grid_search"]
+    entries = runner._extra_tuner_kwargs(results, [])["param_space"]["__extra__"]["grid_search"]
     assert [e["repeat"] for e in entries if e["role"] == "baseline"] == baseline
     best = [e for e in entries if e["role"] == "rerun"]
     assert [e["repeat"] for e in best] == reruns

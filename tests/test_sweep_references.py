@@ -47,8 +47,8 @@ def test_headline_sweep_plans_eight_trials_and_names_each(tmp_path):
     assert entries[-1]["trial_overrides"] == {"rollout.segments": 1, "algo.mpt.mode": "off"}
     assert runner._extra_entries(None)[-1]["role"] == "reference"   # no best trial: no re-run, reference still runs
     assert runner.describe_trial({"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.0931234}) == ("search", "tau=0.9 sigma=0.0931")
-    assert runner.describe_trial({"__extra__": entries[1]}) == ("baseline", "masking_off seed+1")
-    assert runner.describe_trial({"__extra__": entries[2]}) == ("rerun", "tau=0.9 sigma=0.05 seed+1")
+    assert runner.describe_trial({"__extra__": entries[0]}) == ("baseline", "masking_off seed+1")
+    assert runner.describe_trial({"__extra__": entries[1]}) == ("rerun", "tau=0.9 sigma=0.05 seed+1")
     assert runner.describe_trial({"__extra__": entries[3]}) == ("reference", "non_segmented")
 
 

@@ -262,9 +262,9 @@ def test_engine_from_in_memory_model(hf_model, tiny_model_dir, vllm_engine):
 def test_bucketed_update_matches_hf_with_new_weights(vllm_engine, hf_engine, hf_model, bucket_mb, transport):
     """Streamed update in buckets small enough that q / k / v (one packed vLLM tensor) and
     gate / up straddle buckets: greedy output after the sync equals HF with the new weights."""
-    from ulorl.rollout.weight_sync import bucket_bytes_from_mb, plan_buckets
-
     import glob
+
+    from ulorl.rollout.weight_sync import bucket_bytes_from_mb, plan_buckets
 
     reqs = _requests(5, 32)
     # only this update's files count: another process on the machine (e.g. an engine that crashed mid-update)

@@ -308,10 +308,8 @@ class ResultsStore(RunSource):
         return sorted(set(int(s) for s in parts[0]["steps"]) & set(int(s) for s in parts[1]["steps"]))
 
     def per_problem(self, run_id: str, step: Optional[int] = None, bench: str = "heldout") -> dict[str, float]:
-        steps = self.per_problem_steps(run_id, bench)
+        step = self._eval_step(run_id, step, bench)
         if step is None:
-            step = steps[-1] if steps else None
-        if step is None or step not in steps:
             return {}
         stored = self._benches(run_id)
         if bench in stored:

@@ -116,6 +116,13 @@ class RunSource:
         last one); {} when there is none."""
         raise NotImplementedError
 
+    def _eval_step(self, run_id: str, step: Optional[int], bench: str) -> Optional[int]:
+        """``step`` if the run has ``bench`` per-problem scores there (None: its last such step); else None."""
+        steps = self.per_problem_steps(run_id, bench)
+        if step is None:
+            return steps[-1] if steps else None
+        return step if step in steps else None
+
 
 class RunStore(RunSource):
     """All active runs of all active experiments of one tracking URI, loaded once."""
@@ -199,9 +206,7 @@ class RunStore(RunSource):
             return Path(self.client.download_artifacts(run_id, per_problem_path(bench, step), tmp)).read_text()
 
     def per_problem(self, run_id: str, step: Optional[int] = None, bench: str = "heldout") -> dict[str, float]:
-        steps = self.per_problem_steps(run_id, bench)
+        step = self._eval_step(run_id, step, bench)
         if step is None:
-            step = steps[-1] if steps else None
-        if step is None or step not in steps:
             return {}
         return parse_per_problem_csv(self.per_problem_csv(run_id, step, bench))

@@ -456,13 +456,7 @@ class EngineActor:
 
     def update_weight_version(self, version: str) -> None:
         """End of a native round: wake the KV cache, drop the prefix cache, record the version."""
-        eng = self._vllm
-        if eng.asleep:
-            eng.llm.wake_up(tags=["kv_cache"])
-            eng.asleep = False
-        if not eng.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
-        eng.policy_version = int(version)
+        self._vllm.updated_to(int(version))
         self._updates += 1
 
     def generate(self, requests: list[Any], sampling: Any) -> tuple[list[Any], Any]:

@@ -762,15 +762,21 @@ class VLLMEngine(EngineBase):
             loaded = llm.collective_rpc(FINISH_METHOD)
         if any(n != sent for n in loaded):
             raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {sent}")
+        self.updated_to(version)
+        self.last_update_messages = messages
+        self.last_update_bytes = nbytes
+        self.last_update_s = time.perf_counter() - t0
+
+    def updated_to(self, version: int) -> None:
+        """End of any weight update: a slept engine gets its KV cache back, the prefix cache (built
+        from the old weights) is dropped, and ``version`` is recorded."""
+        llm = self._live()
         if self.asleep:
             llm.wake_up(tags=["kv_cache"])
             self.asleep = False
         if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
         self.policy_version = int(version)
-        self.last_update_messages = messages
-        self.last_update_bytes = nbytes
-        self.last_update_s = time.perf_counter() - t0
 
     def update_weights_from(self, stream_factory: Callable[[], Iterable[tuple[str, torch.Tensor]]],
                             version: int) -> None:
@@ -793,12 +799,7 @@ class VLLMEngine(EngineBase):
             self._native = NativeSender(self.weight_transfer, info, _LLMSyncClient(llm), [None], self._names_model,
                                         torch.device("cuda", torch.cuda.current_device()))
         self._native.send(stream_factory)
-        if self.asleep:
-            llm.wake_up(tags=["kv_cache"])
-            self.asleep = False
-        if not llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
-        self.policy_version = int(version)
+        self.updated_to(version)
         self.last_update_messages = 1
         self.last_update_s = time.perf_counter() - t0
 

@@ -285,7 +285,7 @@ def test_gpu_check_script_passes_on_cpu(tmp_path):
 
 def test_scale_modules_do_not_import_deepspeed_or_ray():
     code = ("import sys, ulorl, ulorl.train.trainer, ulorl.train.distributed, ulorl.train.deepspeed_backend, "
-            "ulorl.scale.placement, ulorl.bench.gpu_check; "
+            "ulorl.scale.layout, ulorl.scale.placement, ulorl.bench.gpu_check; "
             "bad = [m for m in ('deepspeed', 'ray') if m in sys.modules]; assert not bad, bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fakes import ScriptedEngine
-from ulorl.rollout.bench import BenchConfig, add_ratios, format_report, run_settings
+from ulorl.bench.rollout import BenchConfig, add_ratios, format_report, run_settings
 from ulorl.rollout.scheduler import PromptRequest
 
 RESULT_KEYS = {"segments", "regime", "step_time_s", "finished_per_s", "tokens_per_s", "decode_utilization",

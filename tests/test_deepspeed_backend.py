@@ -133,7 +133,7 @@ def _script(argv: list[str]) -> None:
     straight_sd = _params(backend.state_dict_for_rollout())
     torch.save(straight_sd, a.out / "straight.pt")
     if a.stage == 3:   # the streamed export (gathered per bucket, every rank joins) gives the same weights
-        from ulorl.rollout.weight_sync_bench import PeakSampler
+        from ulorl.bench.weight_sync import PeakSampler
 
         with PeakSampler([os.getpid()], 0.002) as sampler:
             streamed = _params(dict(backend.named_weights_for_rollout()))
@@ -255,7 +255,7 @@ def test_two_rank_zero2_bf16_trains_and_resumes_exactly(model_dir, tmp_path):
 
 
 def test_gpu_check_without_cuda_exits_2_with_a_clear_message():
-    out = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--json"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "ulorl.bench.gpu_check", "--json"], capture_output=True, text=True,
                          timeout=120)
     if torch.cuda.is_available():  # on a GPU machine the full check runs instead
         assert out.returncode == 0, out.stdout + out.stderr
@@ -268,11 +268,11 @@ def test_gpu_check_without_cuda_exits_2_with_a_clear_message():
 @pytest.mark.slow
 def test_gpu_check_script_passes_on_cpu(tmp_path):
     """The GPU check's stages (engine, DeepSpeed ZeRO-2 bf16 steps, save/load, trainer run) on CPU."""
-    from ulorl.scale.gpu_check import STAGES
+    from ulorl.bench.gpu_check import STAGES
 
     # long_rows / long_update run models of Qwen3-4B's width (own tests: test_gpu_check.py, small shape)
     stages = [s for s in STAGES if s not in ("long_rows", "long_update")]
-    out = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--device", "cpu", "--json", "--steps", "2",
+    out = subprocess.run([sys.executable, "-m", "ulorl.bench.gpu_check", "--device", "cpu", "--json", "--steps", "2",
                           "--stages", ",".join(stages), "--budget-s", "550", "--allow-missing", "vllm,vllm_moe",
                           "--keep", str(tmp_path / "work")], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -285,7 +285,7 @@ def test_gpu_check_script_passes_on_cpu(tmp_path):
 
 def test_scale_modules_do_not_import_deepspeed_or_ray():
     code = ("import sys, ulorl, ulorl.train.trainer, ulorl.train.distributed, ulorl.train.deepspeed_backend, "
-            "ulorl.scale.placement, ulorl.scale.gpu_check; "
+            "ulorl.scale.layout, ulorl.scale.placement, ulorl.bench.gpu_check; "
             "bad = [m for m in ('deepspeed', 'ray') if m in sys.modules]; assert not bad, bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

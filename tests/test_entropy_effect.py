@@ -1,4 +1,4 @@
-"""First-order entropy decomposition (``ulorl.report.entropy_effect``) on a two-token toy policy.
+"""First-order entropy decomposition (``ulorl.bench.entropy_effect``) on a two-token toy policy.
 
 Toy: logits (a, 0) at every position, q = sigmoid(a) = p(token 0). Binary entropy H(q) has
 dH/da = q (1 - q) log((1 - q) / q). One group of two one-token responses: sample 0 (reward 1)
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ulorl.report.entropy_effect import entropy_effect, token_classes
+from ulorl.bench.entropy_effect import entropy_effect, token_classes
 from ulorl.train.batch import TrainBatch
 
 

@@ -1,4 +1,4 @@
-"""``python -m ulorl.scale.gpu_check``: report file, exit status 2 on CPU, a missing package fails its
+"""``python -m ulorl.bench.gpu_check``: report file, exit status 2 on CPU, a missing package fails its
 stage unless ``--allow-missing`` names it, the long-row update stage on CPU, stages importing only
 what a GPU machine without internet holds (torch, transformers and the carried wheels)."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ulorl.scale.gpu_check import DEFAULT_STAGES
+from ulorl.bench.gpu_check import DEFAULT_STAGES
 
-# packages neither torch + transformers nor the carried wheels (ulorl.scale.gpu_wheels) bring
+# packages neither torch + transformers nor the carried wheels (ulorl.bench.gpu_wheels) bring
 # (sympy, numpy, rich, ... come with torch / transformers)
 BLOCKED = ("ray", "vllm", "pandas", "pyarrow", "optuna", "streamlit", "matplotlib", "scipy", "sklearn", "flask")
 
@@ -51,7 +51,7 @@ def _blocked_env(tmp_path: Path, blocked: tuple[str, ...] = BLOCKED) -> dict[str
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
 def test_without_cuda_exits_2_and_writes_every_stage_skipped(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--out", str(tmp_path / "r.json")],
+    out = subprocess.run([sys.executable, "-m", "ulorl.bench.gpu_check", "--out", str(tmp_path / "r.json")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "no CUDA device visible" in out.stderr
@@ -65,7 +65,7 @@ def test_without_cuda_exits_2_and_writes_every_stage_skipped(tmp_path):
 def _run(args: list[str], env: dict[str, str], tmp_path: Path, timeout: int = 120) -> tuple[int, dict, str]:
     out = tmp_path / "r.json"
     out.unlink(missing_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--device", "cpu", "--out", str(out), *args],
+    proc = subprocess.run([sys.executable, "-m", "ulorl.bench.gpu_check", "--device", "cpu", "--out", str(out), *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
     report = json.loads(out.read_text()) if out.is_file() else {}
     return proc.returncode, report, proc.stdout + proc.stderr
@@ -99,7 +99,7 @@ def test_a_stage_that_cannot_run_fails_the_run(tmp_path):
     assert rc == 1 and _status(report)["zero2"] == ("fail", "needs stage model to pass first (not run or failed)")
     rc, report, log = _run(["--stages", "env", "--budget-s", "5"], env, tmp_path)   # no time left for it
     assert rc == 1 and "budget" in _status(report)["env"][1], log[-2000:]
-    proc = subprocess.run([sys.executable, "-m", "ulorl.scale.gpu_check", "--device", "cpu", "--allow-missing", "nope"],
+    proc = subprocess.run([sys.executable, "-m", "ulorl.bench.gpu_check", "--device", "cpu", "--allow-missing", "nope"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown stage(s) ['nope']" in proc.stderr
 

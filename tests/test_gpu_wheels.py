@@ -1,4 +1,4 @@
-"""``python -m ulorl.scale.gpu_wheels``: exact pins, no dependency resolution, DeepSpeed built from its
+"""``python -m ulorl.bench.gpu_wheels``: exact pins, no dependency resolution, DeepSpeed built from its
 sdist, and the check of what landed in the folder (one wheel per pin, nothing else, the size cap)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ulorl.scale.gpu_wheels import CARRY, DEEPSPEED, build_deepspeed_command, check_wheels, download_command
+from ulorl.bench.gpu_wheels import CARRY, DEEPSPEED, build_deepspeed_command, check_wheels, download_command
 
 
 def test_every_carried_wheel_is_pinned_and_fetched_without_resolution(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ulorl.train.memory_bench import measure_micro_step, predicted_full_peak_mb, summarize
+from ulorl.bench.memory import measure_micro_step, predicted_full_peak_mb, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = ["--vocab", "300", "--hidden", "32", "--layers", "1", "--threads", "1"]

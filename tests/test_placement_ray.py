@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ulorl.config import config_from_dict, load_experiment
-from ulorl.scale.placement import (
+from ulorl.scale.layout import (
     PlacementError,
     check_fits,
     placement_bundles,
@@ -183,7 +183,7 @@ def test_run_placement_inside_a_tune_trial(tmp_path, model_arg):
 
 
 def test_node_layout_packs_roles_per_node_and_spreads_over_nodes():
-    from ulorl.scale.placement import node_layout
+    from ulorl.scale.layout import node_layout
 
     cfg = _cfg(trainer_workers=8, rollout_engines=8, gpus_per_trainer_worker=1, gpus_per_engine=1, nodes=2,
                gpus_per_node=8, cpus_per_node=32)
@@ -198,7 +198,7 @@ def test_node_layout_packs_roles_per_node_and_spreads_over_nodes():
 
 
 def test_check_nodes_hold_names_the_bundle_and_the_largest_node():
-    from ulorl.scale.placement import check_nodes_hold
+    from ulorl.scale.layout import check_nodes_hold
 
     nodes = [{"node_id": "aaaa" * 8, "ip": "10.0.0.1", "resources": {"CPU": 4.0, "GPU": 8.0}},
              {"node_id": "bbbb" * 8, "ip": "10.0.0.2", "resources": {"CPU": 4.0, "GPU": 2.0}}]
@@ -214,7 +214,7 @@ def test_check_nodes_hold_names_the_bundle_and_the_largest_node():
 
 def test_paper_profiles_fit_8_gpu_nodes():
     from ulorl.config import load_experiment
-    from ulorl.scale.placement import node_layout
+    from ulorl.scale.layout import node_layout
 
     for name in ("qwen3_4b_128k", "qwen3_8b_128k", "qwen3_30b_a3b_128k", "qwen3_30b_a3b_140k_yarn_eval"):
         cfg = load_experiment(str(Path(__file__).resolve().parents[1] / "experiments" / "paper" / f"{name}.yaml"), [])

@@ -9,7 +9,7 @@ import pytest
 
 from ulorl.cli.train import main
 from ulorl.config import load_experiment
-from ulorl.train.plan import plan_dict
+from ulorl.cli.plan import plan_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 

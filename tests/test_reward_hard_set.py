@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ulorl.reward.verifier_bench import load_labelled, score_labelled, select_split
+from ulorl.bench.verifier import load_labelled, score_labelled, select_split
 
 DATA = Path(__file__).parent / "data"
 HARD = DATA / "verifier_hard.jsonl"

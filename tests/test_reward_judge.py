@@ -139,7 +139,7 @@ def test_judge_second_opinion_on_prose_answers_in_evaluation():
 
 
 def test_bench_reports_judge_cost_with_a_scripted_judge():
-    from ulorl.reward.verifier_bench import format_summary, score_labelled
+    from ulorl.bench.verifier import format_summary, score_labelled
 
     rows = [{"response": t, "answer": a, "label": not tr and (a, t) != ("No", PROSE_ITEMS[3][0]) and i not in (4, 5),
              "source": "prose"} for i, (t, a, tr) in enumerate(PROSE_ITEMS[:6])]

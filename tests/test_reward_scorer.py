@@ -163,7 +163,7 @@ def test_hung_worker_dies_with_a_killed_caller(tmp_path):
 
 
 def test_bench_smoke():
-    from ulorl.reward.bench import run
+    from ulorl.bench.reward_cost import run
 
     res = run(n_int=6, n_sym=3, workers=[1], timeout_s=TIMEOUT_S)
     assert res["w1_stats"]["timeouts"] == 1 and res["w1_stats"]["fast_path"] == 18

@@ -41,7 +41,7 @@ def test_rollout_copy_needed_only_for_in_process_users(engine, is_mode, sais_log
 
 @pytest.mark.slow
 def test_two_rank_zero3_load_is_partitioned_and_exports_exact_weights(tmp_path):
-    from ulorl.train.zero3_bench import build_model_dir, run_path
+    from ulorl.bench.zero3 import build_model_dir, run_path
 
     model_dir = build_model_dir(4.0, tmp_path / "model")
     ranks = run_path(model_dir, "partitioned", 2, bucket_mb=1.0, out=tmp_path / "run", check=True)

@@ -16,27 +16,58 @@ Subcommands:
   verifier reward verifier vs a labelled JSONL (response, answer, label): agreement, false
            positives / negatives, items/s, per source (``ulorl-bench verifier --help``).
   weight-sync  seconds per GB and peak extra memory (per process, from /proc) of one weight sync,
-           bucketed vs monolithic (ulorl.rollout.weight_sync_bench).
+           bucketed vs monolithic (ulorl.bench.weight_sync).
   memory   peak memory and time of one training micro-step (forward, log-probs, entropy, loss,
            backward) on one long row, chunked vs full-logits path, each length and path in a
-           fresh subprocess (ulorl.train.memory_bench):
+           fresh subprocess (ulorl.bench.memory):
            ulorl-bench memory --seq-lens 8192,32768 --vocab 151936 --hidden 128 --layers 4 --json
+  zero3-memory  per-rank parameter memory of a ZeRO-3 trainer, partitioned vs full load (ulorl.bench.zero3).
+
+Tools with their own flags (everything after the name goes to the tool; ``ulorl-bench NAME --help``):
+  gpu-check       GPU validation run, time-bounded stages (ulorl.bench.gpu_check):
+                  ulorl-bench gpu-check --out OUT.json --allow-missing vllm,vllm_moe,ray
+  gpu-wheels      fetch the wheels gpu-check needs on a machine without network (ulorl.bench.gpu_wheels)
+  reward-cost     per-item reward cost, main thread vs scorer workers (ulorl.bench.reward_cost)
+  entropy-effect  first-order entropy change per token class of one update (ulorl.bench.entropy_effect)
+  fill-effect     algo.dynamic_sampling_fill off vs on: time per step, learning signal (ulorl.bench.fill_effect)
+  sp-memory       per-rank activation memory, SP = 1 vs N, under torch.distributed.run (ulorl.bench.sp):
+                  ulorl-bench sp-memory --nproc 2 --seq-len 8192
+  traffic         control-traffic bytes per update of a 2-rank DeepSpeed run, under torch.distributed.run,
+                  the script run by path (ulorl.bench.traffic): ulorl-bench traffic --nproc 2 --out T.json
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
+import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Optional
 
+from ulorl.bench.memory import add_memory_parser, memory_main
+from ulorl.bench.verifier import add_parser as add_verifier_parser
+from ulorl.bench.verifier import run_cli as run_verifier_cli
+from ulorl.bench.weight_sync import add_weight_sync_parser, run_weight_sync_cli
+from ulorl.bench.zero3 import add_zero3_parser, run_zero3_cli
 from ulorl.jsonout import emit_json, json_command
-from ulorl.reward.verifier_bench import add_parser as add_verifier_parser
-from ulorl.reward.verifier_bench import run_cli as run_verifier_cli
-from ulorl.rollout.weight_sync_bench import add_weight_sync_parser, run_weight_sync_cli
-from ulorl.train.memory_bench import add_memory_parser, memory_main
-from ulorl.train.zero3_bench import add_zero3_parser, run_zero3_cli
+
+# subcommand -> (module whose main(argv) takes the remaining arguments, help line)
+TOOLS: dict[str, tuple[str, str]] = {
+    "gpu-check": ("ulorl.bench.gpu_check", "GPU validation run: time-bounded stages on random-weight models"),
+    "gpu-wheels": ("ulorl.bench.gpu_wheels", "fetch the wheels gpu-check needs on a machine without network"),
+    "reward-cost": ("ulorl.bench.reward_cost", "per-item reward cost: main thread vs RewardScorer workers"),
+    "entropy-effect": ("ulorl.bench.entropy_effect", "first-order entropy change per token class of one update"),
+    "fill-effect": ("ulorl.bench.fill_effect", "algo.dynamic_sampling_fill off vs on: time per step, signal"),
+}
+# subcommand -> (module run under torch.distributed.run, run by file path?, help line)
+DISTRIBUTED_TOOLS: dict[str, tuple[str, bool, str]] = {
+    "sp-memory": ("ulorl.bench.sp", False, "per-rank activation memory, SP = 1 vs N (--nproc N ranks)"),
+    "traffic": ("ulorl.bench.traffic", True, "control-traffic bytes per update of a DeepSpeed run (--nproc ranks)"),
+}
 
 
 class BenchCliError(ValueError):
@@ -58,13 +89,14 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ulorl.rollout.bench import BenchConfig
+    from ulorl.bench.rollout import BenchConfig
 
     d = BenchConfig()
     p = argparse.ArgumentParser(prog="ulorl-bench", description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{rollout,memory,verifier,weight-sync,zero3-memory}")
+    names = ["rollout", "memory", "verifier", "weight-sync", "zero3-memory", *TOOLS, *DISTRIBUTED_TOOLS]
+    sub = p.add_subparsers(dest="command", metavar="{" + ",".join(names) + "}")
     add_weight_sync_parser(sub)
     add_zero3_parser(sub)
     r = sub.add_parser("rollout", help="segment rollout: S in {1,2,4,8} x static/compact, no training",
@@ -97,11 +129,50 @@ def build_parser() -> argparse.ArgumentParser:
                         "steps each; prints tokens/s and completed/s per engine")
     add_verifier_parser(sub)
     add_memory_parser(sub)
+    for name, (_, help_line) in TOOLS.items():
+        sub.add_parser(name, help=help_line, add_help=False)
+    for name, (_, _, help_line) in DISTRIBUTED_TOOLS.items():
+        sub.add_parser(name, help=help_line, add_help=False)
     return p
 
 
-@json_command
+def run_tool(name: str, argv: list[str]) -> int:
+    """Run the tool behind subcommand ``name`` (``TOOLS``) with ``argv``; returns its exit code."""
+    tool: Callable[[list[str]], Optional[int]] = importlib.import_module(TOOLS[name][0]).main
+    return tool(argv) or 0
+
+
+def distributed_command(name: str, argv: list[str]) -> list[str]:
+    """The ``torch.distributed.run`` command line of subcommand ``name`` (``DISTRIBUTED_TOOLS``):
+    ``--nproc N`` (default 2) sets the ranks, the other arguments go to the tool."""
+    module, by_path, _ = DISTRIBUTED_TOOLS[name]
+    ap = argparse.ArgumentParser(prog=f"ulorl-bench {name}", add_help=False)
+    ap.add_argument("--nproc", type=int, default=2)
+    known, rest = ap.parse_known_args(argv)
+    if known.nproc < 1:
+        raise BenchCliError(f"--nproc: expected >= 1, got {known.nproc}")
+    spec = importlib.util.find_spec(module)
+    target = [str(Path(spec.origin))] if by_path and spec and spec.origin else ["-m", module]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={known.nproc}",
+            *target, *rest]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in TOOLS:
+        return run_tool(args[0], args[1:])
+    if args and args[0] in DISTRIBUTED_TOOLS:
+        try:
+            cmd = distributed_command(args[0], args[1:])
+        except BenchCliError as exc:
+            print(f"ulorl-bench {args[0]}: error: {exc}", file=sys.stderr)
+            return 2
+        return subprocess.run(cmd, check=False).returncode
+    return _main(args)
+
+
+@json_command
+def _main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "verifier":
@@ -115,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command != "rollout":
         parser.print_help(sys.stderr)
         return 2
-    from ulorl.rollout.bench import BenchConfig, format_report, run_rollout_bench
+    from ulorl.bench.rollout import BenchConfig, format_report, run_rollout_bench
 
     try:
         regimes = tuple(x.strip() for x in args.regimes.split(",") if x.strip())
@@ -132,7 +203,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"ulorl-bench rollout: error: {exc}", file=sys.stderr)
         return 2
     if args.engine:
-        from ulorl.rollout.bench import format_engine_comparison, run_engine_comparison
+        from ulorl.bench.rollout import format_engine_comparison, run_engine_comparison
 
         names = [x.strip() for x in args.engine.split(",") if x.strip()]
         out = run_engine_comparison(cfg, names, progress=_log)

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from ulorl.train.plan import describe_plan
+        from ulorl.cli.plan import describe_plan
 
         print(config_to_yaml(cfg))
         print(describe_plan(cfg))

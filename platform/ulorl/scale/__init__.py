@@ -3,6 +3,8 @@
 Nothing here is imported by the core package; each module is run or imported on demand (no ray,
 deepspeed or vllm import at package import)::
 
-    ulorl-train EXP.yaml --ray [--address ray://host:10001]   # ulorl.scale.placement
-    python -m ulorl.scale.gpu_check                            # on a CUDA machine
+    ulorl-train EXP.yaml --ray [--address ray://host:10001]   # ulorl.scale.placement (Ray actors, driver)
+    ulorl-train EXP.yaml --dry-run                             # ulorl.scale.layout (placement arithmetic)
+
+The GPU check and the other measurement tools are in ``ulorl.bench`` (``ulorl-bench gpu-check``).
 """

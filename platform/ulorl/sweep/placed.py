@@ -26,16 +26,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.config import ExperimentConfig
-from ulorl.scale.placement import (
-    PlacementError,
-    bundle_roles,
-    check_nodes_hold,
-    cluster_nodes,
-    placement_bundles,
-    placement_strategy,
-    run_placement,
-    tune_resources,
-)
+from ulorl.scale.layout import PlacementError, bundle_roles, check_nodes_hold, placement_bundles, placement_strategy
+from ulorl.scale.placement import cluster_nodes, run_placement, tune_resources
 
 log = logging.getLogger("ulorl.sweep.placed")
 

@@ -1,15 +1,15 @@
 """GPU validation run: time-bounded stages on random-weight models built locally (no downloads).
 
-    python -m ulorl.scale.gpu_check --out OUT.json --allow-missing vllm,vllm_moe,ray   # <= --budget-s (300 s)
-    python -m ulorl.scale.gpu_check --json                    # one JSON object on stdout
-    python -m ulorl.scale.gpu_check --device cpu --stages env,model,hf_engine,zero2   # test the script
+    python -m ulorl.bench.gpu_check --out OUT.json --allow-missing vllm,vllm_moe,ray   # <= --budget-s (300 s)
+    python -m ulorl.bench.gpu_check --json                    # one JSON object on stdout
+    python -m ulorl.bench.gpu_check --device cpu --stages env,model,hf_engine,zero2   # test the script
 
 Every stage runs in its own child process with a time limit (``min(stage limit, budget left)``; the
 limits x3 with ``--device cpu``), so
 a hang, a crash or a CUDA out-of-memory fails that stage only and the run continues. A stage reports
 ``pass`` / ``fail`` / ``skipped`` (with the reason) and its numbers. Stages import only torch,
 transformers and wheels small enough to carry onto a machine without internet
-(``python -m ulorl.scale.gpu_wheels`` fetches them: pydantic, DeepSpeed, MLflow's skinny client with
+(``python -m ulorl.bench.gpu_wheels`` fetches them: pydantic, DeepSpeed, MLflow's skinny client with
 its SQL store, math-verify). A stage whose package is missing **fails**, unless ``--allow-missing``
 names the stage: then it is skipped with the reason. Nothing else is ever skipped: a stage the
 budget left no time for, or whose prerequisite (``model``) did not pass, fails.
@@ -29,7 +29,7 @@ Stages (in order):
                ZeRO-3 path, on a model with Qwen3-4B's hidden size, heads and vocabulary and
                ``--long-update-layers`` layers; no rollout, no MLflow. Tokens/s and peak memory per length.
   long_rows    (not in the default run) training memory of one micro-step on one row of 8k / 32k / 128k
-               tokens, a float32 stand-in without DeepSpeed (``ulorl.train.memory_bench``), Qwen3-4B width
+               tokens, a float32 stand-in without DeepSpeed (``ulorl.bench.memory``), Qwen3-4B width
                with 1 and 2 layers, scaled linearly to 36 layers
   vllm         vLLM engine: greedy agreement with the HF engine, weight sync of a ~2 GB model
                (``VLLMEngine.update_weights``), prefix-cache reset, sleep / wake-up memory
@@ -304,9 +304,9 @@ def stage_long_rows(ctx: StageContext) -> dict[str, Any]:
     import torch
 
     try:
-        from ulorl.train.memory_bench import measure_micro_step
+        from ulorl.bench.memory import measure_micro_step
     except ImportError as exc:
-        raise RuntimeError(f"module missing: ulorl.train.memory_bench ({exc})") from None
+        raise RuntimeError(f"module missing: ulorl.bench.memory ({exc})") from None
     out: dict[str, Any] = {"shape": dict(QWEN3_4B), "path": ctx.long_row_path}
     lengths = LONG_ROW_LENGTHS if ctx.on_cuda else (512,)
     for seq in lengths:
@@ -631,7 +631,7 @@ def _skip(name: str, reason: str) -> dict[str, Any]:
 def run_child(name: str, work: Path, args: argparse.Namespace, limit_s: float) -> dict[str, Any]:
     result = work / f"stage-{name}.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "ulorl.scale.gpu_check", "--run-stage", name, "--work", str(work),
+    cmd = [sys.executable, "-m", "ulorl.bench.gpu_check", "--run-stage", name, "--work", str(work),
            "--device", args.device, "--steps", str(args.steps), "--long-row-path", args.long_row_path,
            "--long-update-tokens", args.long_update_tokens, "--long-update-layers", str(args.long_update_layers),
            "--long-update-shape", args.long_update_shape, "--result", str(result)]
@@ -669,7 +669,7 @@ def missing_packages(name: str) -> list[str]:
 
 @json_command
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ulorl.scale.gpu_check", description=__doc__.split("\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m ulorl.bench.gpu_check", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.split("\n")[1:]))
     ap.add_argument("--out", type=Path,
@@ -736,7 +736,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 rec = _skip(name, f"{', '.join(missing)} not installed (allowed by --allow-missing)")
             elif missing:
                 rec = _fail(name, f"{', '.join(missing)} not installed: carry the wheels "
-                                  f"(python -m ulorl.scale.gpu_wheels) or pass --allow-missing {name}")
+                                  f"(python -m ulorl.bench.gpu_wheels) or pass --allow-missing {name}")
             elif failed:
                 rec = _fail(name, f"needs stage {', '.join(failed)} to pass first (not run or failed)")
             elif left < 10:

@@ -2,7 +2,7 @@
 
 Run under the launcher, one process per SP rank (``--nproc_per_node=1`` measures SP = 1)::
 
-    python -m torch.distributed.run --standalone --nproc_per_node=2 -m ulorl.train.sp_bench --seq-len 8192
+    python -m torch.distributed.run --standalone --nproc_per_node=2 -m ulorl.bench.sp --seq-len 8192
 
 Every rank builds the same random Qwen3 (``--hidden``, ``--layers``, ``--vocab``), runs forward,
 chunked log-probs, the Eq. 10 loss and backward on one row of ``--seq-len`` tokens (its shard of it
@@ -53,7 +53,7 @@ def build_model(hidden: int, layers: int, vocab: int, heads: int, kv_heads: int)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m ulorl.train.sp_bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ulorl.bench.sp", description=__doc__.split("\n")[0])
     ap.add_argument("--seq-len", type=int, default=8192, help="tokens of the row (prompt 64 + response)")
     ap.add_argument("--hidden", type=int, default=128, help="model hidden size")
     ap.add_argument("--layers", type=int, default=4, help="decoder layers")

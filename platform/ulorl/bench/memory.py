@@ -8,7 +8,7 @@ chunking). Peak = process max RSS on CPU, ``torch.cuda.max_memory_allocated`` on
     ulorl-bench memory --seq-lens 8192,32768 --vocab 151936 --hidden 128 --layers 4 --json
     ulorl-bench memory --seq-lens 4096 --model /models/Qwen3-4B --device cuda   # config only, random weights
 
-The command runs every (length, path) in a fresh subprocess (``python -m ulorl.train.memory_bench
+The command runs every (length, path) in a fresh subprocess (``python -m ulorl.bench.memory
 --one ...``) so peaks never mix, and refuses the full path where its predicted peak exceeds the
 machine's available memory instead of running into the out-of-memory killer. In-process callers
 (a GPU validation script) use ``measure_micro_step``.
@@ -216,7 +216,7 @@ def available_memory_mb() -> float:
 
 
 def _one_args(args: argparse.Namespace, seq_len: int, path: str) -> list[str]:
-    out = [sys.executable, "-m", "ulorl.train.memory_bench", "--one", "--seq-len", str(seq_len), "--path", path,
+    out = [sys.executable, "-m", "ulorl.bench.memory", "--one", "--seq-len", str(seq_len), "--path", path,
            "--vocab", str(args.vocab), "--hidden", str(args.hidden), "--layers", str(args.layers),
            "--device", args.device, "--repeats", str(args.repeats), "--threads", str(args.threads),
            "--attn-implementation", args.attn_implementation, "--zero-stage", str(args.zero_stage)]
@@ -354,7 +354,7 @@ def memory_main(args: argparse.Namespace) -> int:
 
 
 def _one_main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ulorl.train.memory_bench",
+    p = argparse.ArgumentParser(prog="python -m ulorl.bench.memory",
                                 description="one measurement (the subprocess of ulorl-bench memory)")
     p.add_argument("--one", action="store_true", required=True)
     p.add_argument("--seq-len", type=int, required=True)

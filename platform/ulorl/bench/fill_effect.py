@@ -1,6 +1,6 @@
 """What ``algo.dynamic_sampling_fill`` does to time per step and to the learning signal.
 
-    python -m ulorl.report.fill_effect experiments/quickstart.yaml --seeds 0 1 2 3 --out fill.json
+    python -m ulorl.bench.fill_effect experiments/quickstart.yaml --seeds 0 1 2 3 --out fill.json
 
 Runs the experiment with fill off and on for each seed, interleaved (off, on, off, on, ...) in one
 process so machine load hits both alike, and reads back from MLflow: mean ``time/step_s``, the
@@ -63,7 +63,7 @@ def run_one(experiment: str, overrides: list[str], uri: str, run_dir: Path) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ulorl.report.fill_effect", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ulorl.bench.fill_effect", description=__doc__.split("\n\n")[0])
     ap.add_argument("experiment")
     ap.add_argument("overrides", nargs="*", help="dotted overrides applied to both arms")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])

@@ -1,7 +1,7 @@
 """Bytes of control traffic per update step of a 2-rank DeepSpeed run (gloo on CPU).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 \\
-        platform/ulorl/scale/traffic_bench.py --out OUT.json [--rows 32 --response 4096 --prompt 256]
+        platform/ulorl/bench/traffic.py --out OUT.json [--rows 32 --response 4096 --prompt 256]
 
 Counts every byte handed to ``torch.distributed`` broadcast / all_reduce on rank 0 (the pickled
 object-list broadcasts go through ``broadcast`` too) during ``--steps`` ``policy_update`` calls on

@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 
+from ulorl.bench.weight_sync import PeakSampler, rss_bytes
 from ulorl.config import ExperimentConfig, config_from_dict
 from ulorl.jsonout import emit_json
-from ulorl.rollout.weight_sync_bench import PeakSampler, rss_bytes
 from ulorl.train.deepspeed_backend import (
     DeepSpeedBackend,
     full_nbytes,
@@ -191,7 +191,7 @@ def run_path(model_dir: Path, path: str, ranks: int, bucket_mb: float, out: Path
     if mmap_threshold_mb > 0:
         env["MALLOC_MMAP_THRESHOLD_"] = str(int(mmap_threshold_mb * MIB))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-           "-m", "ulorl.train.zero3_bench", "--model", str(model_dir), "--path", path, "--out", str(out),
+           "-m", "ulorl.bench.zero3", "--model", str(model_dir), "--path", path, "--out", str(out),
            "--bucket-mb", str(bucket_mb), *(["--check"] if check else [])]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s, env=env)
     if proc.returncode != 0:

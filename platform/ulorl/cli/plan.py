@@ -26,7 +26,7 @@ from typing import Any
 
 from ulorl.config import ExperimentConfig
 from ulorl.rollout.engine_config import engine_summary
-from ulorl.scale.placement import PlacementError, node_layout
+from ulorl.scale.layout import PlacementError, node_layout
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Per-item reward cost: main-thread ``compute_reward`` vs ``RewardScorer`` (fast path / workers).
 
     ulorl-bench verifier --synthetic             # one JSON object on stdout, progress on stderr
-    python -m ulorl.reward.bench --n-int 500 --n-sym 300 --workers 1,2   # the same, older entry point
+    python -m ulorl.bench.reward_cost --n-int 500 --n-sym 300 --workers 1,2   # the same, with its own flags
 
-(``ulorl-bench verifier LABELLED.jsonl`` measures agreement with labels: ``ulorl.reward.verifier_bench``.)
+(``ulorl-bench verifier LABELLED.jsonl`` measures agreement with labels: ``ulorl.bench.verifier``.)
 
 Integer items (the embedded task, AIME, BeyondAIME) take the scorer's fast path; symbolic items
 (fractions, radicals, decimals vs fractions) need sympy in a worker. Also measured: worker start-up
@@ -96,7 +96,7 @@ def run(n_int: int, n_sym: int, workers: list[int], seed: int = 0, timeout_s: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ulorl.reward.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m ulorl.bench.reward_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--n-int", type=int, default=500)
     p.add_argument("--n-sym", type=int, default=300)
     p.add_argument("--workers", default="1,2", help="comma-separated worker counts")

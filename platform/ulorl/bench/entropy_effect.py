@@ -14,7 +14,7 @@ term: ``dH(static) = dH(all) - dH_mpt``. Adam's first step is ``-lr * sign(g)`` 
 ``entropy_effect`` reports its first-order dH with and without the MPT term too.
 
 ``entropy_effect`` is pure tensor code on a model and a batch; ``main`` (``python -m
-ulorl.report.entropy_effect EXPERIMENT.yaml``) rolls out batches with the experiment's model and
+ulorl.bench.entropy_effect EXPERIMENT.yaml``) rolls out batches with the experiment's model and
 sampling (S = 1: the diagnostic needs finished groups, not pools) and prints the decomposition.
 Meant for small models: it keeps per-class flat gradient copies (log-probs and entropy go through
 the chunked LM head, no [B, T, V] tensor).
@@ -159,7 +159,7 @@ def _batches(cfg, model, tokenizer, n_batches: int, progress: bool):
 @json_command
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m ulorl.report.entropy_effect",
+        prog="python -m ulorl.bench.entropy_effect",
         description="First-order entropy change of one POIS update, split by token class "
                     "(MPTs / other positive / negative), over freshly rolled-out batches.")
     p.add_argument("experiment", help="experiment YAML (model, data, rollout sampling, algo.mpt.tau)")

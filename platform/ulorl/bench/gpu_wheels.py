@@ -1,9 +1,9 @@
 """Fetch the wheels ``gpu_check`` needs on a GPU machine that has only torch + transformers and no network.
 
-    python -m ulorl.scale.gpu_wheels --dest wheels/            # cp312 manylinux x86_64, every version pinned
+    python -m ulorl.bench.gpu_wheels --dest wheels/            # cp312 manylinux x86_64, every version pinned
     # on the GPU machine (torch 2.11 + transformers 5.17, Python 3.12, no network):
     pip install --no-index --no-deps wheels/*.whl
-    PYTHONPATH=platform python -m ulorl.scale.gpu_check --out gpu_check.json --allow-missing vllm,vllm_moe,ray
+    PYTHONPATH=platform python -m ulorl.bench.gpu_check --out gpu_check.json --allow-missing vllm,vllm_moe,ray
 
 ``CARRY`` pins every distribution those stages import beyond what torch 2.11 and transformers 5.17
 install (resolved once with pip's resolver for cp312 against ``torch==2.11.0 transformers==5.17.0``
@@ -130,7 +130,7 @@ def fetch(dest: Path, python_version: str = "3.12", max_mib: float = 64.0) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ulorl.scale.gpu_wheels", description=__doc__.split("\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m ulorl.bench.gpu_wheels", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.split("\n")[1:]))
     ap.add_argument("--dest", type=Path, required=True, help="folder for the wheels (+ wheels.json)")

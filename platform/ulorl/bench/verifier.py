@@ -219,7 +219,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``ulorl-bench verifier`` with parsed ``args``; returns the exit code."""
     if args.synthetic:
-        from ulorl.reward.bench import run as run_synthetic
+        from ulorl.bench.reward_cost import run as run_synthetic
 
         workers = [int(x) for x in args.synthetic_workers.split(",") if x.strip()]
         print(json.dumps(run_synthetic(args.n_int, args.n_sym, workers, 0, args.timeout_s)))
@@ -271,7 +271,7 @@ def load_judge(name: str, device: str = "cpu", max_new_tokens: int = 64) -> Any:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ulorl.reward.verifier_bench")
+    p = argparse.ArgumentParser(prog="python -m ulorl.bench.verifier")
     add_parser(p.add_subparsers(dest="command", required=True))
     return run_cli(p.parse_args(["verifier", *(argv if argv is not None else sys.argv[1:])]))
 

@@ -1,0 +1,108 @@
+"""Which top-level folders of platform/ulorl may import which, read from the sources (no import runs).
+
+- ``bench/`` holds the measurement tools: only ``cli/`` (``ulorl-bench``) and ``bench/`` itself import it,
+  so a training, sweep, eval or dashboard run never loads a benchmark.
+- ``train/``, ``rollout/`` and ``algo/`` import nothing from ``scale/``, ``report/`` or ``bench/``.
+- ``scale.layout`` is the placement arithmetic: no ``ray`` import anywhere in it (module or function
+  level), and nothing it imports at module level from ulorl imports ``ray`` at module level either.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+from import_graph import ROOT
+from import_graph import import_graph as _graph
+
+
+def _folder(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+def _tree(module: str) -> ast.Module:
+    path = ROOT / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = ROOT / module.replace(".", "/") / "__init__.py"
+    return ast.parse(path.read_text())
+
+
+def _all_imports(module: str) -> set[str]:
+    """Every module name an ``import`` / ``from ... import`` of ``module`` names, at any level."""
+    out: set[str] = set()
+    for node in ast.walk(_tree(module)):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+def _edges() -> list[tuple[str, str]]:
+    """(importer, imported ulorl module) for module- and function-level imports."""
+    graph, nested = _graph()
+    edges = [(m, d) for m, deps in graph.items() for d in deps]
+    for m, inner in nested.items():
+        for _, name in inner:
+            while name and name not in graph:
+                name = name.rpartition(".")[0]
+            if name and name != m:
+                edges.append((m, name))
+    return edges
+
+
+def _is_ray(name: str) -> bool:
+    return name == "ray" or name.startswith("ray.")
+
+
+def test_ray_finder_sees_every_import_form():
+    tree = "import os\nimport ray\ndef f():\n    from ray.util import placement_group\n"
+    names = set()
+    for node in ast.walk(ast.parse(tree)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    assert sorted(n for n in names if _is_ray(n)) == ["ray", "ray.util"]
+    assert not _is_ray("rayon") and not _is_ray("ulorl.scale.placement")
+
+
+def test_bench_is_imported_only_by_cli_and_bench():
+    edges = _edges()
+    assert any(_folder(d) == "bench" for _, d in edges)   # the walk sees the bench package
+    outside = sorted({(m, d) for m, d in edges if _folder(d) == "bench" and _folder(m) not in ("bench", "cli")})
+    assert not outside, f"production code importing a measurement tool: {outside}"
+
+
+def test_train_rollout_algo_import_nothing_from_scale_report_or_bench():
+    bad = sorted({(m, d) for m, d in _edges()
+                  if _folder(m) in ("train", "rollout", "algo") and _folder(d) in ("scale", "report", "bench")})
+    assert not bad, f"imports against the layering: {bad}"
+
+
+def test_placement_arithmetic_imports_no_ray():
+    own = sorted(n for n in _all_imports("ulorl.scale.layout") if _is_ray(n))
+    assert not own, f"ulorl.scale.layout imports {own}"
+    graph, _ = _graph()
+    seen, stack = set(), ["ulorl.scale.layout"]
+    while stack:
+        m = stack.pop()
+        if m not in seen:
+            seen.add(m)
+            stack.extend(graph[m])
+    top_level_ray = {}
+    for m in seen - {"ulorl.scale.layout"}:
+        tree = _tree(m)
+        names = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module]
+        if any(_is_ray(n) for n in names):
+            top_level_ray[m] = names
+    assert not top_level_ray, f"modules ulorl.scale.layout loads that import ray: {sorted(top_level_ray)}"
+
+
+def test_importing_the_placement_arithmetic_loads_no_ray():
+    code = ("import sys, ulorl.scale.layout, ulorl.cli.plan; "
+            "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -30,7 +30,7 @@ from ulorl.rollout.engines.vllm import PolicySpec
 from ulorl.rollout.weight_sync import bucket_bytes_from_mb
 from ulorl.train.deepspeed_backend import DeepSpeedBackend, deepspeed_config, full_nbytes, zero3_load
 from ulorl.train.distributed import dist_env, ensure_process_group
-from ulorl.train.update import policy_update
+from ulorl.train.update import UpdateContext, policy_update
 
 log = logging.getLogger("ulorl.train.worker")
 
@@ -216,12 +216,13 @@ def worker_loop(backend: Any, cfg: ExperimentConfig, pad_id: int, device: torch.
     dp = backend.data_parallel
     if dp is None or dp.is_driver:
         raise RuntimeError("worker_loop runs on ranks >= 1 of a multi-process run")
+    ctx = UpdateContext.of_run(backend, cfg, pad_id, device)
     updates = 0
     while True:
         name, payload = dp.receive()
         if name == "update":
             samples = dp.receive_samples()
-            res = policy_update(samples, backend, cfg.algo, cfg.train, cfg.rollout.temperature, pad_id, device)
+            res = policy_update(samples, ctx)
             updates += int(res.updated)
         elif name == "gather":
             backend.state_dict_for_rollout()

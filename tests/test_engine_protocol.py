@@ -64,6 +64,20 @@ def test_an_engine_without_update_weights_names_itself() -> None:
         Half().update_weights_streamed(iter([("a", 1)]), 1)
 
 
+def test_request_context_is_prompt_then_prefix_and_refuses_bad_requests_by_id() -> None:
+    from ulorl.rollout.types import GenerationRequest, request_context
+
+    assert request_context(GenerationRequest(0, [1, 2], [3], 5), max_model_len=8) == [1, 2, 3]   # 3 + 5 = 8: fits
+    assert request_context(GenerationRequest(0, [1], [], 10**6)) == [1]                          # no limit
+    with pytest.raises(ValueError,
+                       match=r"request 7: context 3 \+ max_new_tokens 6 exceeds the engine's max_model_len 8"):
+        request_context(GenerationRequest(7, [1, 2], [3], 6), max_model_len=8)
+    with pytest.raises(ValueError, match=r"request 4: empty prompt_ids \+ prefix_ids"):
+        request_context(GenerationRequest(4, [], [], 3))
+    with pytest.raises(ValueError, match="request 5: max_new_tokens must be >= 0, got -1"):
+        request_context(GenerationRequest(5, [1], [], -1))
+
+
 def _actor_over(engine: Engine) -> EngineActor:
     actor = EngineActor.__new__(EngineActor)     # no Ray, no model: the actor's methods over a given engine
     actor.engine, actor._updates, actor._updating = engine, 0, False

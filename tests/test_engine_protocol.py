@@ -1,7 +1,8 @@
 """The ``Engine`` protocol declares every member the scheduler, trainer, weight sync and placement
 use; ``EngineBase`` gives the defaults of an engine without the optional capabilities. mypy checks
 that HFEngine, VLLMEngine (``make_engine``'s return type) and RemoteEngine (``Trainer``'s
-``engine_factory`` type) satisfy it; these tests check the defaults and that nothing probes."""
+``engine_factory`` type) satisfy it; these tests check the defaults and that nothing probes an
+engine, or a training backend (its optional capabilities are typed ``TrainBackend`` members too)."""
 
 from __future__ import annotations
 
@@ -123,24 +124,34 @@ def test_native_transfer_on_a_non_vllm_engine_is_refused_by_name() -> None:
         _actor_over(ScriptedEngine()).start_weight_update()
 
 
-def _engine_getattrs(tree: ast.AST) -> list[int]:
-    """Lines of ``getattr(X, ...)`` where X is a name or attribute called ``engine`` / ``eng``."""
+ENGINE_NAMES = ("engine", "eng", "_engine")
+BACKEND_NAMES = ("backend", "_backend")
+
+
+def _probes(tree: ast.AST, names: tuple[str, ...]) -> list[int]:
+    """Lines of ``getattr(X, ...)`` / ``hasattr(X, ...)`` where X is a name or attribute in ``names``."""
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and node.args:
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and node.args):
             target = node.args[0]
             name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-            if name in ("engine", "eng", "_engine"):
+            if name in names:
                 lines.append(node.lineno)
     return lines
 
 
 def test_the_probe_finder_sees_a_probe() -> None:
-    assert _engine_getattrs(ast.parse("x = getattr(self.engine, 'colocate', False)")) == [1]
-    assert _engine_getattrs(ast.parse("x = self.engine.colocate")) == []
+    assert _probes(ast.parse("x = getattr(self.engine, 'colocate', False)"), ENGINE_NAMES) == [1]
+    assert _probes(ast.parse("x = self.engine.colocate"), ENGINE_NAMES) == []
+    assert _probes(ast.parse("if hasattr(eng, 'close'):\n    eng.close()"), ENGINE_NAMES) == [1]
+    src = "s = getattr(backend, 'named_weights_for_rollout', None)\nz = getattr(self.backend, 'zero_stage', 0)"
+    assert _probes(ast.parse(src), BACKEND_NAMES) == [1, 2]
+    assert _probes(ast.parse("s = backend.rollout_weight_stream"), BACKEND_NAMES) == []
 
 
-def test_no_getattr_on_an_engine_in_product_code() -> None:
+@pytest.mark.parametrize("names", [ENGINE_NAMES, BACKEND_NAMES], ids=["engine", "backend"])
+def test_no_getattr_on_an_engine_or_backend_in_product_code(names: tuple[str, ...]) -> None:
     found = {str(p.relative_to(ROOT)): lines for p in sorted((ROOT / "platform" / "ulorl").rglob("*.py"))
-             if (lines := _engine_getattrs(ast.parse(p.read_text())))}
+             if (lines := _probes(ast.parse(p.read_text()), names))}
     assert found == {}

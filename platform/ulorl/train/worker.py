@@ -182,14 +182,13 @@ class ParamResidency:
                                                   "rollout_copy": copy}))
 
 
-def finish_backend(backend: Any, cfg: ExperimentConfig) -> Any:
-    """Settings every rank applies to a new training backend (the same on every rank): ZeRO-3 exports
+def finish_backend(backend: DeepSpeedBackend, cfg: ExperimentConfig) -> DeepSpeedBackend:
+    """Settings every rank applies to a new DeepSpeed backend (the same on every rank): ZeRO-3 exports
     (weight pushes, ``save_model``) gather buckets of ``rollout.weight_sync_bucket_mb``, the size the
     engines receive; the ``ULORL_PARAM_RESIDENCY_DIR`` probe when set."""
-    if hasattr(backend, "export_bucket_bytes"):
-        backend.export_bucket_bytes = bucket_bytes_from_mb(cfg.rollout.weight_sync_bucket_mb)
+    backend.export_bucket_bytes = bucket_bytes_from_mb(cfg.rollout.weight_sync_bucket_mb)
     out = os.environ.get(RESIDENCY_ENV)
-    if out and getattr(backend, "zero_stage", 0) == 3:
+    if out and backend.zero_stage == 3:
         backend.residency = ParamResidency(backend, dist_env().rank, Path(out))
     return backend
 

@@ -17,10 +17,10 @@ from typing import Optional
 import torch
 
 from ulorl.algo import (
-    MASK_MODES,
     MaskInputs,
     dynamic_sampling_filter,
     group_advantages,
+    mask_mode,
     policy_loss,
     select_old_logprobs,
 )
@@ -170,8 +170,8 @@ def prepare_update(samples: list[Sample], ctx: UpdateContext) -> PreparedUpdate 
     mask_in = MaskInputs(cur_lp, batch.rewards, resp, ent, tau=algo.mpt.tau, sigma=algo.mpt.sigma,
                          scope=algo.mpt.entropy_scope)
     mpt = mask_in.mpt   # the static mask itself (mode "static"), inside the dynamic one: computed once
-    loss_mask = MASK_MODES[algo.mpt.mode].mask(mask_in)
-    active = MASK_MODES[algo.mpt.mode].active(mask_in)
+    mode = mask_mode(algo.mpt.mode)
+    loss_mask, active = mode.mask(mask_in), mode.active(mask_in)
     ec, control = algo.entropy_control, entropy_control(algo.entropy_control.mode)
     acted = control.select(ControlInputs(
         cur_lp, old_lp, adv, resp, ent, eps_low=algo.eps_low, eps_high=algo.eps_high, clip_cov_ratio=ec.clip_cov_ratio,

@@ -316,12 +316,13 @@ def _update_fixture():
 def test_modes_reach_the_update_with_their_acted_fraction(mode, overrides, acted):
     from ulorl.config import apply_overrides, config_from_dict
     from ulorl.train.backend import TorchBackend
-    from ulorl.train.update import PreparedUpdate, prepare_update
+    from ulorl.train.update import PreparedUpdate, UpdateContext, prepare_update
 
     cfg = config_from_dict(apply_overrides({}, ["algo.mpt.mode=off", f"algo.entropy_control.mode={mode}",
                                                 *overrides]))
     model, samples = _update_fixture()
-    prep = prepare_update(samples, TorchBackend(model, cfg.train), cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+    ctx = UpdateContext(TorchBackend(model, cfg.train), cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+    prep = prepare_update(samples, ctx)
     assert isinstance(prep, PreparedUpdate), prep
     assert prep.metrics["train/tokens"] == 32
     assert prep.metrics["train/entropy_control_frac"] == pytest.approx(acted / 32)
@@ -336,14 +337,15 @@ def test_modes_reach_the_update_with_their_acted_fraction(mode, overrides, acted
 def test_kl_cov_update_on_policy_equals_the_unmasked_update():
     from ulorl.config import apply_overrides, config_from_dict
     from ulorl.train.backend import TorchBackend
-    from ulorl.train.update import policy_update
+    from ulorl.train.update import UpdateContext, policy_update
 
     results = {}
     for mode in ("off", "kl_cov"):
         cfg = config_from_dict(apply_overrides({}, ["algo.mpt.mode=off", f"algo.entropy_control.mode={mode}",
                                                     "algo.entropy_control.kl_cov_ratio=0.5", "train.lr=1e-2"]))
         model, samples = _update_fixture()
-        res = policy_update(samples, TorchBackend(model, cfg.train), cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+        ctx = UpdateContext(TorchBackend(model, cfg.train), cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+        res = policy_update(samples, ctx)
         assert res.updated, res.reason
         results[mode] = (res.metrics, {k: v.detach().clone() for k, v in model.state_dict().items()})
     # POIS, one update: r = 1, no clip acts and the |log r| penalty has no gradient: the same step

@@ -1,4 +1,5 @@
-"""MPT / DMMPT masks, the MASK_MODES registry (one MaskInputs object) and the mask-active helper."""
+"""MPT / DMMPT masks, the MASK_MODES registry behind its one lookup (mask_mode, one MaskInputs object) and the
+mask-active samples."""
 
 import math
 
@@ -9,8 +10,7 @@ from ulorl.algo import (
     MASK_MODES,
     MaskInputs,
     dmmpt_mask,
-    loss_mask,
-    mask_active_samples,
+    mask_mode,
     mean_response_entropy,
     mpt_mask,
 )
@@ -44,7 +44,7 @@ BATCH_MEAN = 1.875 / 7
 def test_mpt_mask_hand_case():
     m = mpt_mask(LOGP, REWARDS, RESP, tau=0.99)
     assert m.dtype == torch.bool and torch.equal(m, MPT)
-    assert torch.equal(loss_mask("static", MaskInputs(LOGP, REWARDS, RESP, tau=0.99)), MPT)
+    assert torch.equal(mask_mode("static").mask(MaskInputs(LOGP, REWARDS, RESP, tau=0.99)), MPT)
 
 
 def test_mpt_only_in_reward_one_samples_and_response_tokens():
@@ -106,11 +106,11 @@ def test_mask_registry_takes_one_input_object():
     assert not MASK_MODES["off"].mask(x).any()
     assert torch.equal(MASK_MODES["static"].mask(MaskInputs(LOGP, REWARDS, RESP, None, tau=0.99)), MPT)
     assert torch.equal(MASK_MODES["dynamic"].mask(x), dmmpt_mask(LOGP, REWARDS, RESP, ENT, 0.99, 0.2))
-    assert torch.equal(loss_mask("dynamic", x), MASK_MODES["dynamic"].mask(x))
+    assert all(mask_mode(name) is MASK_MODES[name] for name in MASK_MODES)   # one lookup, the registry's entries
     with pytest.raises(ValueError, match="token_entropy"):
-        loss_mask("dynamic", MaskInputs(LOGP, REWARDS, RESP, None))
-    with pytest.raises(ValueError, match="mode"):
-        loss_mask("sometimes", x)
+        mask_mode("dynamic").mask(MaskInputs(LOGP, REWARDS, RESP, None))
+    with pytest.raises(ValueError, match=r"mpt mode must be one of \('off', 'static', 'dynamic'\), got 'sometimes'"):
+        mask_mode("sometimes")
 
 
 def test_mpt_mask_is_computed_once_per_input_object(monkeypatch):
@@ -131,13 +131,11 @@ def test_mask_active_samples():
     def x(ent, sigma, scope="sample"):
         return MaskInputs(LOGP, REWARDS, RESP, ent, sigma=sigma, scope=scope)
 
-    assert mask_active_samples("off", x(ENT, 0.2)).tolist() == [F, F, F]
-    assert mask_active_samples("static", x(None, 0.2)).tolist() == [T, T, T]
+    assert mask_mode("off").active(x(ENT, 0.2)).tolist() == [F, F, F]
+    assert mask_mode("static").active(x(None, 0.2)).tolist() == [T, T, T]
     # sample means 0.125, 0.25, 0.5 vs sigma 0.3
-    assert mask_active_samples("dynamic", x(ENT, 0.3)).tolist() == [T, T, F]
-    assert mask_active_samples("dynamic", x(ENT, 0.3, "batch")).tolist() == [T, T, T]
-    with pytest.raises(ValueError, match="mode"):
-        mask_active_samples("sometimes", x(ENT, 0.2))
+    assert mask_mode("dynamic").active(x(ENT, 0.3)).tolist() == [T, T, F]
+    assert mask_mode("dynamic").active(x(ENT, 0.3, "batch")).tolist() == [T, T, T]
 
 
 def test_mask_shape_errors():

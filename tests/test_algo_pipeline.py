@@ -8,8 +8,7 @@ from ulorl.algo import (
     dynamic_sampling_filter,
     group_advantages,
     logprobs_and_entropy,
-    loss_mask,
-    mask_active_samples,
+    mask_mode,
     policy_loss,
     select_old_logprobs,
 )
@@ -42,7 +41,7 @@ def test_one_update_pipeline(mode):
     # sigma above any possible entropy (log 16 = 2.77) so the dynamic gate is open; tau tiny so
     # every positive response token is an MPT: masking is visible in the metrics
     inputs = MaskInputs(logprobs, rewards[keep], response_mask, entropy, tau=1e-9, sigma=10.0, scope="sample")
-    mask = loss_mask(mode, inputs)
+    mask = mask_mode(mode).mask(inputs)
     loss, metrics = policy_loss(logprobs, old, adv, response_mask, mask)
     loss.backward()
 
@@ -51,7 +50,7 @@ def test_one_update_pipeline(mode):
     n_pos_resp = int(response_mask[rewards[keep] == 1].sum())
     expected_masked = {"off": 0, "static": n_pos_resp, "dynamic": n_pos_resp}[mode]
     assert metrics["masked_frac"].item() == pytest.approx(expected_masked / n_resp)
-    active = mask_active_samples(mode, inputs)
+    active = mask_mode(mode).active(inputs)
     assert active.float().mean().item() == (0.0 if mode == "off" else 1.0)
     # ratio 1: loss = -sum over unmasked response tokens of A / all response tokens
     per_tok_adv = adv[:, None].expand(b, t)

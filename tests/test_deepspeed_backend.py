@@ -82,7 +82,7 @@ def _param_memory(backend) -> dict[str, float]:
 def _script(argv: list[str]) -> None:
     from ulorl.models.loading import load_policy
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.update import policy_update
+    from ulorl.train.update import UpdateContext, policy_update
     from ulorl.train.worker import load_train_model, worker_loop
 
     ap = argparse.ArgumentParser()
@@ -116,13 +116,13 @@ def _script(argv: list[str]) -> None:
         return
     ckpt = a.out / "ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
-    refused = policy_update(poisoned_samples(samples), backend, cfg.algo, cfg.train, 0.85, pad, device)
+    refused = policy_update(poisoned_samples(samples), UpdateContext(backend, cfg.algo, cfg.train, 0.85, pad, device))
     assert not refused.updated
     metrics = []
     step_s = []
     for step in range(1, STEPS + 1):
         t0 = time.perf_counter()
-        res = policy_update(copy.deepcopy(samples), backend, cfg.algo, cfg.train, 0.85, pad, device)
+        res = policy_update(copy.deepcopy(samples), UpdateContext(backend, cfg.algo, cfg.train, 0.85, pad, device))
         step_s.append(time.perf_counter() - t0)
         assert res.updated, res.reason
         metrics.append(res.metrics)
@@ -146,7 +146,7 @@ def _script(argv: list[str]) -> None:
     backend2.load(ckpt)
     timing["load_s"] = time.perf_counter() - t0
     for step in range(SAVE_AT + 1, STEPS + 1):
-        res = policy_update(copy.deepcopy(samples), backend2, cfg.algo, cfg.train, 0.85, pad, device)
+        res = policy_update(copy.deepcopy(samples), UpdateContext(backend2, cfg.algo, cfg.train, 0.85, pad, device))
         assert res.updated, res.reason
     torch.save(_params(backend2.state_dict_for_rollout()), a.out / "resumed.pt")
     backend2.close()
@@ -165,7 +165,7 @@ def model_dir(tmp_path_factory) -> Path:
 def torch_reference(model_dir: Path, **train: object) -> tuple[dict[str, torch.Tensor], list[dict]]:
     from ulorl.models.loading import load_policy
     from ulorl.train.backend import TorchBackend
-    from ulorl.train.update import policy_update
+    from ulorl.train.update import UpdateContext, policy_update
 
     cfg = experiment(model_dir, backend="torch", **train)
     model, tok = load_policy(str(model_dir))
@@ -173,8 +173,8 @@ def torch_reference(model_dir: Path, **train: object) -> tuple[dict[str, torch.T
     samples = fixed_samples(_vocab(model_dir))
     metrics = []
     for _ in range(STEPS):
-        res = policy_update(copy.deepcopy(samples), backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id,
-                            torch.device("cpu"))
+        ctx = UpdateContext(backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id, torch.device("cpu"))
+        res = policy_update(copy.deepcopy(samples), ctx)
         assert res.updated, res.reason
         metrics.append(res.metrics)
     return _params(model.state_dict()), metrics

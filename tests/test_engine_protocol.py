@@ -1,7 +1,8 @@
 """The ``Engine`` protocol declares every member the scheduler, trainer, weight sync and placement
 use; ``EngineBase`` gives the defaults of an engine without the optional capabilities. mypy checks
 that HFEngine, VLLMEngine (``make_engine``'s return type) and RemoteEngine (``Trainer``'s
-``engine_factory`` type) satisfy it; these tests check the defaults and that nothing probes."""
+``engine_factory`` type) satisfy it; these tests check the defaults and that nothing probes an
+engine, or a training backend (its optional capabilities are typed ``TrainBackend`` members too)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,20 @@ def test_an_engine_without_update_weights_names_itself() -> None:
         Half().update_weights_streamed(iter([("a", 1)]), 1)
 
 
+def test_request_context_is_prompt_then_prefix_and_refuses_bad_requests_by_id() -> None:
+    from ulorl.rollout.types import GenerationRequest, request_context
+
+    assert request_context(GenerationRequest(0, [1, 2], [3], 5), max_model_len=8) == [1, 2, 3]   # 3 + 5 = 8: fits
+    assert request_context(GenerationRequest(0, [1], [], 10**6)) == [1]                          # no limit
+    with pytest.raises(ValueError,
+                       match=r"request 7: context 3 \+ max_new_tokens 6 exceeds the engine's max_model_len 8"):
+        request_context(GenerationRequest(7, [1, 2], [3], 6), max_model_len=8)
+    with pytest.raises(ValueError, match=r"request 4: empty prompt_ids \+ prefix_ids"):
+        request_context(GenerationRequest(4, [], [], 3))
+    with pytest.raises(ValueError, match="request 5: max_new_tokens must be >= 0, got -1"):
+        request_context(GenerationRequest(5, [1], [], -1))
+
+
 def _actor_over(engine: Engine) -> EngineActor:
     actor = EngineActor.__new__(EngineActor)     # no Ray, no model: the actor's methods over a given engine
     actor.engine, actor._updates, actor._updating = engine, 0, False
@@ -109,24 +124,34 @@ def test_native_transfer_on_a_non_vllm_engine_is_refused_by_name() -> None:
         _actor_over(ScriptedEngine()).start_weight_update()
 
 
-def _engine_getattrs(tree: ast.AST) -> list[int]:
-    """Lines of ``getattr(X, ...)`` where X is a name or attribute called ``engine`` / ``eng``."""
+ENGINE_NAMES = ("engine", "eng", "_engine")
+BACKEND_NAMES = ("backend", "_backend")
+
+
+def _probes(tree: ast.AST, names: tuple[str, ...]) -> list[int]:
+    """Lines of ``getattr(X, ...)`` / ``hasattr(X, ...)`` where X is a name or attribute in ``names``."""
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and node.args:
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+                and node.args):
             target = node.args[0]
             name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-            if name in ("engine", "eng", "_engine"):
+            if name in names:
                 lines.append(node.lineno)
     return lines
 
 
 def test_the_probe_finder_sees_a_probe() -> None:
-    assert _engine_getattrs(ast.parse("x = getattr(self.engine, 'colocate', False)")) == [1]
-    assert _engine_getattrs(ast.parse("x = self.engine.colocate")) == []
+    assert _probes(ast.parse("x = getattr(self.engine, 'colocate', False)"), ENGINE_NAMES) == [1]
+    assert _probes(ast.parse("x = self.engine.colocate"), ENGINE_NAMES) == []
+    assert _probes(ast.parse("if hasattr(eng, 'close'):\n    eng.close()"), ENGINE_NAMES) == [1]
+    src = "s = getattr(backend, 'named_weights_for_rollout', None)\nz = getattr(self.backend, 'zero_stage', 0)"
+    assert _probes(ast.parse(src), BACKEND_NAMES) == [1, 2]
+    assert _probes(ast.parse("s = backend.rollout_weight_stream"), BACKEND_NAMES) == []
 
 
-def test_no_getattr_on_an_engine_in_product_code() -> None:
+@pytest.mark.parametrize("names", [ENGINE_NAMES, BACKEND_NAMES], ids=["engine", "backend"])
+def test_no_getattr_on_an_engine_or_backend_in_product_code(names: tuple[str, ...]) -> None:
     found = {str(p.relative_to(ROOT)): lines for p in sorted((ROOT / "platform" / "ulorl").rglob("*.py"))
-             if (lines := _engine_getattrs(ast.parse(p.read_text())))}
+             if (lines := _probes(ast.parse(p.read_text()), names))}
     assert found == {}

@@ -15,7 +15,7 @@ from ulorl.train.backend import TorchBackend
 from ulorl.train.batch import build_train_batch, micro_batches, row_lengths, rows_over_cap
 from ulorl.train.forward import token_stats
 from ulorl.algo import group_advantages
-from ulorl.train.update import policy_update
+from ulorl.train.update import UpdateContext, policy_update
 
 
 def _sample(i: int, group: int, prompt: list[int], resp: list[int], reward: float) -> Sample:
@@ -74,8 +74,7 @@ def _update(budget: int, caplog=None):
     # static MPT with a low tau: many positive-advantage tokens are masked (Eq. 10's 1 - I_mask)
     algo = AlgoConfig(dynamic_sampling=False, mpt={"mode": "static", "tau": 0.02})
     backend = GradRecorder(model, train)
-    res = policy_update(_samples(), backend, algo, train, temperature=0.9, pad_token_id=0,
-                        device=torch.device("cpu"))
+    res = policy_update(_samples(), UpdateContext(backend, algo, train, 0.9, 0, torch.device("cpu")))
     return model, backend, res
 
 

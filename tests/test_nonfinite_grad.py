@@ -62,7 +62,7 @@ def _script(argv: list[str]) -> None:
     from ulorl.models.loading import load_policy
     from ulorl.tracking.schema import NONFINITE_GRAD_METRIC
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.update import policy_update
+    from ulorl.train.update import UpdateContext, policy_update
     from ulorl.train.worker import load_train_model, worker_loop
 
     ap = argparse.ArgumentParser()
@@ -92,7 +92,7 @@ def _script(argv: list[str]) -> None:
         return
 
     def update(b: DeepSpeedBackend):
-        return policy_update(copy.deepcopy(samples), b, cfg.algo, cfg.train, 0.85, pad, device)
+        return policy_update(copy.deepcopy(samples), UpdateContext(b, cfg.algo, cfg.train, 0.85, pad, device))
 
     before = _weights(backend)
     poisoned = update(backend)

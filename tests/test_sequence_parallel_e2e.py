@@ -43,7 +43,7 @@ def _script(argv: list[str]) -> None:
     from ulorl.models.loading import load_policy
     from ulorl.train import sequence_parallel
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.update import policy_update
+    from ulorl.train.update import UpdateContext, policy_update
     from ulorl.train.worker import worker_loop
 
     ap = argparse.ArgumentParser()
@@ -62,7 +62,8 @@ def _script(argv: list[str]) -> None:
     data = samples(model.config.vocab_size)
     metrics = []
     for _ in range(STEPS):
-        res = policy_update(copy.deepcopy(data), backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id, device)
+        ctx = UpdateContext(backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id, device)
+        res = policy_update(copy.deepcopy(data), ctx)
         assert res.updated, res.reason
         metrics.append(res.metrics)
     torch.save(_params(backend.state_dict_for_rollout()), a.out / "sp.pt")
@@ -76,7 +77,7 @@ def _script(argv: list[str]) -> None:
 def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path, stage):
     from ulorl.models.loading import load_policy
     from ulorl.train.backend import TorchBackend
-    from ulorl.train.update import policy_update
+    from ulorl.train.update import UpdateContext, policy_update
 
     model_dir = build_random_model(tmp_path / "model")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -93,8 +94,8 @@ def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path, stag
     ref = []
     data = samples(model.config.vocab_size)
     for _ in range(STEPS):
-        r = policy_update(copy.deepcopy(data), backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id,
-                          torch.device("cpu"))
+        ctx = UpdateContext(backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id, torch.device("cpu"))
+        r = policy_update(copy.deepcopy(data), ctx)
         assert r.updated, r.reason
         ref.append(r.metrics)
     got = torch.load(tmp_path / "sp.pt")

@@ -187,7 +187,7 @@ def test_sais_ratios_differ_from_one_on_multi_segment_samples(tmp_path):
 
 
 def test_nonfinite_loss_refuses_the_update(tmp_path):
-    from ulorl.train.update import policy_update
+    from ulorl.train.update import UpdateContext, policy_update
 
     t = Trainer(_cfg(tmp_path, "train.max_steps=1", "algo.is_mode=sais", "algo.dynamic_sampling=false"),
                 run_dir=tmp_path / "r", progress=False)
@@ -203,7 +203,7 @@ def test_nonfinite_loss_refuses_the_update(tmp_path):
         for s in samples:
             s.old_logprobs = [float("nan")] * len(s.response_ids)
         before = _params(t.model)
-        upd = policy_update(samples, t.backend, t.cfg.algo, t.cfg.train, t.cfg.rollout.temperature, t.pad_id, t.device)
+        upd = policy_update(samples, UpdateContext.of_run(t.backend, t.cfg, t.pad_id, t.device))
         assert not upd.updated and "non-finite" in upd.reason
         assert upd.metrics["train/nonfinite"] == 1.0
         after = _params(t.model)

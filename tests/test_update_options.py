@@ -17,9 +17,10 @@ from ulorl.config import ExperimentConfig, TrainConfig, apply_overrides, config_
 from ulorl.rollout.types import Sample, SampleStatus, SegmentSpan
 from ulorl.train.backend import TorchBackend
 from ulorl.train.batch import build_train_batch
-from ulorl.train.update import current_token_stats, policy_update
+from ulorl.train.update import UpdateContext, current_token_stats, policy_update
 
 VOCAB = 64
+CPU = torch.device("cpu")
 
 
 def tiny_model(seed: int = 0) -> torch.nn.Module:
@@ -34,6 +35,11 @@ def tiny_model(seed: int = 0) -> torch.nn.Module:
 
 
 MODEL = tiny_model()
+
+
+def _ctx(backend: TorchBackend, cfg: ExperimentConfig) -> UpdateContext:
+    """The update context of these tests: temperature 1, pad id 0, on the CPU."""
+    return UpdateContext(backend, cfg.algo, cfg.train, 1.0, 0, CPU)
 
 
 def greedy(prompt: list[int], n: int) -> list[int]:
@@ -73,7 +79,7 @@ def _one_thread():
 def test_adv_std_reaches_the_update(adv_std, expected):
     cfg = _cfg(f"algo.adv_std={adv_std}")
     model = tiny_model()
-    res = policy_update(samples(), TorchBackend(model, cfg.train), cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+    res = policy_update(samples(), _ctx(TorchBackend(model, cfg.train), cfg))
     assert res.updated, res.reason
     assert res.metrics["train/adv_abs_mean"] == pytest.approx(expected, rel=1e-4)
 
@@ -93,7 +99,7 @@ def test_updates_per_step_masks_come_from_the_pre_update_model():
     lp_before, _ = current_token_stats(model, batch, 1.0, 4096, torch.device("cpu"))
     expected = (lp_before.exp() >= 0.5) & batch.response_mask & (batch.rewards == 1).reshape(-1, 1)
     assert expected.any()
-    res = policy_update(samples(), TorchBackend(model, cfg.train), cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+    res = policy_update(samples(), _ctx(TorchBackend(model, cfg.train), cfg))
     assert res.updated and res.metrics["train/updates"] == 2.0
     lp_after, _ = current_token_stats(model, batch, 1.0, 4096, torch.device("cpu"))
     recomputed = (lp_after.exp() >= 0.5) & batch.response_mask & (batch.rewards == 1).reshape(-1, 1)
@@ -116,8 +122,7 @@ def test_loss_agg_reaches_the_update(loss_agg):
     for s in batch[1::2]:
         s.response_ids, s.sampling_logprobs = s.response_ids[:3], s.sampling_logprobs[:3]
         s.segments = [SegmentSpan(0, 3, 0)]
-    res = policy_update(batch, TorchBackend(tiny_model(), cfg.train), cfg.algo, cfg.train, 1.0, 0,
-                        torch.device("cpu"))
+    res = policy_update(batch, _ctx(TorchBackend(tiny_model(), cfg.train), cfg))
     expected = 0.0 if loss_agg == "seq_mean" else -1.0 / 3.0
     assert res.metrics["train/pg_loss"] == pytest.approx(expected, abs=1e-5)
 
@@ -131,17 +136,17 @@ def test_prepare_then_apply_is_the_update_and_prepare_does_not_train():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     backend = TorchBackend(model, cfg.train)
     assert backend.data_parallel is None and backend.rollout_model is model  # the protocol's members
-    prep = prepare_update(samples(), backend, cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+    prep = prepare_update(samples(), _ctx(backend, cfg))
     assert isinstance(prep, PreparedUpdate)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # no gradient step yet
     shape = prep.batch.targets.shape
     assert prep.old_logprobs.shape == shape and prep.loss_mask.shape == shape and prep.advantages.shape == (4,)
     assert prep.advantages.abs().tolist() == pytest.approx([1.0] * 4, rel=1e-4)
-    res = apply_update(prep, backend, cfg.algo, cfg.train, 1.0, torch.device("cpu"))
+    res = apply_update(prep, _ctx(backend, cfg))
     assert res.updated and res.metrics["train/updates"] == 1.0
 
     ref_model = tiny_model()
-    ref = policy_update(samples(), TorchBackend(ref_model, cfg.train), cfg.algo, cfg.train, 1.0, 0, torch.device("cpu"))
+    ref = policy_update(samples(), _ctx(TorchBackend(ref_model, cfg.train), cfg))
     assert res.metrics == pytest.approx(ref.metrics)
     assert all(torch.equal(ref_model.state_dict()[k], v) for k, v in model.state_dict().items())
     assert LocalParallel().micro_batches(prep.batch, 4096) == [([0, 1, 2, 3], 1.0)]
@@ -159,8 +164,7 @@ def test_prepare_computes_the_mpt_mask_once_and_static_mode_trains_on_it(mode, m
         if hasattr(module, "mpt_mask"):
             monkeypatch.setattr(module, "mpt_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
     cfg = _cfg(f"algo.mpt.mode={mode}", "algo.mpt.tau=0.5")   # tau 0.5: the greedy samples hold MPTs
-    prep = prepare_update(samples(), TorchBackend(tiny_model(), cfg.train), cfg.algo, cfg.train, 1.0, 0,
-                          torch.device("cpu"))
+    prep = prepare_update(samples(), _ctx(TorchBackend(tiny_model(), cfg.train), cfg))
     assert isinstance(prep, PreparedUpdate) and len(calls) == 1
     if mode == "static":   # the metric and the loss read one mask
         n = prep.batch.num_response_tokens
@@ -175,6 +179,5 @@ def test_prepare_returns_the_reason_when_nothing_can_train():
     same = [s for s in samples() if s.group_id == 0]
     for s in same:
         s.reward = 1.0                      # all-equal rewards: dynamic sampling drops the group
-    out = prepare_update(same, TorchBackend(tiny_model(), cfg.train), cfg.algo, cfg.train, 1.0, 0,
-                         torch.device("cpu"))
+    out = prepare_update(same, _ctx(TorchBackend(tiny_model(), cfg.train), cfg))
     assert isinstance(out, UpdateResult) and not out.updated and "dynamic sampling" in out.reason

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from ulorl.algo.entropy import token_entropy
 from ulorl.data.task import is_correct
 from ulorl.models.tokenizer import build_tokenizer
 from ulorl.models.warmstart import (
@@ -19,7 +20,6 @@ from ulorl.models.warmstart import (
     meets_targets,
     profile_config,
     sample_responses,
-    step_entropy,
 )
 
 
@@ -51,12 +51,15 @@ def test_choice_batches_carry_varied_correct_targets(tok) -> None:
     assert any(" = " in t for t in texts) and any("; " in t for t in texts)  # line forms vary
 
 
-def test_step_entropy_hand_derived() -> None:
+def test_token_entropy_of_generate_scores_hand_derived() -> None:
+    """What ``sample_responses`` asks of ``ulorl.algo.entropy.token_entropy``: the entropy of the
+    softmax of generate's processed scores [B, V], where ``-inf`` marks filtered-out tokens."""
     sc = torch.tensor([[0.0, 0.0, float("-inf")], [math.log(3.0), 0.0, float("-inf")]])
-    h = step_entropy(sc)
-    assert h[0] == pytest.approx(math.log(2))
-    p = torch.tensor([0.75, 0.25])
-    assert h[1] == pytest.approx(float(-(p * p.log()).sum()))
+    h = token_entropy(sc)
+    assert h.shape == (2,) and torch.isfinite(h).all()
+    assert h[0] == pytest.approx(math.log(2))                   # two equal survivors
+    assert h[1] == pytest.approx(-(0.75 * math.log(0.75) + 0.25 * math.log(0.25)))   # p = (3/4, 1/4, 0)
+    assert torch.equal(sc, torch.tensor([[0.0, 0.0, float("-inf")], [math.log(3.0), 0.0, float("-inf")]]))
 
 
 def test_sample_responses_counts_tokens_and_entropy(tok) -> None:

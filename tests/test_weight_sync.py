@@ -104,6 +104,9 @@ class _StreamEngine(EngineBase):
     def update_weights_streamed(self, weights, version):
         self.got = (list(weights), version)
 
+    def update_weights(self, state_dict, version):
+        self.got = (dict(state_dict), version)
+
 
 class _PlainEngine(EngineBase):
     def __init__(self):
@@ -121,6 +124,10 @@ class _Backend:
     def named_weights_for_rollout(self):
         yield "w", torch.ones(2)
 
+    @property
+    def rollout_weight_stream(self):
+        return self.named_weights_for_rollout
+
     def state_dict_for_rollout(self):
         return {"w": torch.ones(2)}
 
@@ -131,6 +138,18 @@ def test_push_weights_streams_to_streaming_engines_only():
     push_weights(pe, _Backend(), 4)
     assert [n for n, _ in se.got[0]] == ["w"] and se.got[1] == 3
     assert list(pe.got[0]) == ["w"] and pe.got[1] == 4 and not pe.streamed
+
+
+def test_push_weights_hands_a_backend_without_a_stream_its_state_dict():
+    from ulorl.config import TrainConfig
+    from ulorl.train.backend import TorchBackend
+
+    backend = TorchBackend(torch.nn.Linear(2, 1), TrainConfig())
+    assert backend.rollout_weight_stream is None
+    se = _StreamEngine()
+    push_weights(se, backend, 5)   # a streaming engine, but nothing to stream: the state dict whole
+    assert isinstance(se.got[0], dict) and sorted(se.got[0]) == ["bias", "weight"] and se.got[1] == 5
+    assert se.got[0]["weight"].data_ptr() == backend.model.weight.data_ptr()   # the model's own tensors
 
 
 def test_engine_options_reach_vllm_arguments():

@@ -10,10 +10,10 @@ One update, in order (tests/test_algo_pipeline.py runs exactly this)::
         cur, _ = logprobs_and_entropy(model_logits(), labels, temperature)
     old = select_old_logprobs(is_mode, cur, sais_logprobs)         # Float[B, T], detached
     logprobs, entropy = logprobs_and_entropy(model_logits(), labels, temperature)  # grad / no grad
-    mask = loss_mask(mode, MaskInputs(logprobs, rewards[keep], response_mask, entropy, tau=tau, sigma=sigma))
+    mask = mask_mode(mode).mask(MaskInputs(logprobs, rewards[keep], response_mask, entropy, tau=tau, sigma=sigma))
     # entropy control (algo.entropy_control): a mask ("clip_cov", "high_entropy_minority") adds to ``mask``;
     # "kl_cov" penalises its tokens in kl_cov_loss instead of policy_loss
-    acted = ENTROPY_CONTROLS[control].select(ControlInputs(logprobs, old, adv, response_mask, entropy))
+    acted = entropy_control(control).select(ControlInputs(logprobs, old, adv, response_mask, entropy))
     loss, metrics = policy_loss(logprobs, old, adv, response_mask, mask, eps_low, eps_high, num_tokens=n_global)
     loss.backward()
 
@@ -23,7 +23,7 @@ marks response positions in that shifted frame.
 
 from ulorl.algo.advantages import group_advantages
 from ulorl.algo.entropy import token_entropy
-from ulorl.algo.entropy_control import ENTROPY_CONTROLS, ControlInputs, EntropyControl, kl_cov_loss
+from ulorl.algo.entropy_control import ENTROPY_CONTROLS, ControlInputs, EntropyControl, entropy_control, kl_cov_loss
 from ulorl.algo.filters import dynamic_sampling_filter
 from ulorl.algo.importance import IS_MODES, select_old_logprobs
 from ulorl.algo.logprobs import logprobs_and_entropy, logprobs_from_logits
@@ -34,8 +34,7 @@ from ulorl.algo.masks import (
     MaskInputs,
     MaskMode,
     dmmpt_mask,
-    loss_mask,
-    mask_active_samples,
+    mask_mode,
     mean_response_entropy,
     mpt_mask,
 )
@@ -52,12 +51,12 @@ __all__ = [
     "MaskMode",
     "dmmpt_mask",
     "dynamic_sampling_filter",
+    "entropy_control",
     "group_advantages",
     "kl_cov_loss",
     "logprobs_and_entropy",
     "logprobs_from_logits",
-    "loss_mask",
-    "mask_active_samples",
+    "mask_mode",
     "mean_response_entropy",
     "mpt_mask",
     "policy_loss",

@@ -188,8 +188,10 @@ def _gate_open(x: MaskInputs) -> Tensor:
     return mean_response_entropy(x.entropy(), x.response_mask, x.scope, x.batch_entropy) < x.sigma
 
 
-#: ``algo.mpt.mode`` -> :class:`MaskMode`; the config's allowed values are these keys.
-#: "off": nothing masked; "static": every MPT (Fig. 4); "dynamic": DMMPT, MPTs of samples with H < sigma.
+#: ``algo.mpt.mode`` -> :class:`MaskMode`; the config's allowed values are these keys (read through
+#: :func:`mask_mode`). "off": nothing masked, no sample active; "static": every MPT, every sample
+#: active (Fig. 4); "dynamic": DMMPT, MPTs of samples with H < sigma, those samples active (whether
+#: or not they hold MPTs: ``train/masked_frac`` counts the masked tokens).
 MASK_MODES: dict[str, MaskMode] = {
     "off": MaskMode(mask=_mask_nothing, active=_no_rows),
     "static": MaskMode(mask=_mask_mpt, active=_all_rows),
@@ -198,18 +200,8 @@ MASK_MODES: dict[str, MaskMode] = {
 
 
 def mask_mode(mode: str) -> MaskMode:
-    """The registry entry of ``mode``; ValueError naming the allowed modes otherwise."""
+    """The one way to a masking mode: the registry entry of ``mode`` (``.mask`` -> Bool[B, T] excluded
+    tokens, ``.active`` -> Bool[B] gate-open samples); ValueError naming the bad mode and the allowed ones."""
     if mode not in MASK_MODES:
         raise ValueError(f"mpt mode must be one of {tuple(MASK_MODES)}, got {mode!r}")
     return MASK_MODES[mode]
-
-
-def loss_mask(mode: str, inputs: MaskInputs) -> Tensor:
-    """Bool[B, T]: tokens excluded from the loss under ``mode``."""
-    return mask_mode(mode).mask(inputs)
-
-
-def mask_active_samples(mode: str, inputs: MaskInputs) -> Tensor:
-    """Bool[B]: samples whose masking gate is open ("off": none; "static": all; "dynamic":
-    H_i < sigma, whether or not the sample has MPTs — ``train/masked_frac`` counts masked tokens)."""
-    return mask_mode(mode).active(inputs)

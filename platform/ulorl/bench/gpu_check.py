@@ -234,7 +234,7 @@ def _zero_stage(ctx: StageContext, stage: int) -> dict[str, Any]:
     from ulorl.models.loading import load_policy
     from ulorl.rollout.engines import make_engine
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.update import policy_update
+    from ulorl.train.update import UpdateContext, policy_update
 
     cfg = config_from_dict({
         "model": {"name_or_path": str(ctx.model_dir)},
@@ -248,11 +248,12 @@ def _zero_stage(ctx: StageContext, stage: int) -> dict[str, Any]:
     init_s = time.perf_counter() - t0
     before = {k: v.detach().float().clone() for k, v in backend.state_dict_for_rollout().items()}
     samples = synthetic_groups(model.config.vocab_size)
+    update_ctx = UpdateContext(backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id, ctx.device)
     step_s, norms = [], []
     for _ in range(ctx.steps):
         ctx.sync()
         t0 = time.perf_counter()
-        res = policy_update(copy.deepcopy(samples), backend, cfg.algo, cfg.train, 0.85, tok.pad_token_id, ctx.device)
+        res = policy_update(copy.deepcopy(samples), update_ctx)
         ctx.sync()
         step_s.append(round(time.perf_counter() - t0, 3))
         if not res.updated:
@@ -363,7 +364,7 @@ def stage_long_update(ctx: StageContext) -> dict[str, Any]:
     from ulorl.algo.chunked_lm_head import is_zero3_param
     from ulorl.config import config_from_dict
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.update import UpdateResult, apply_update, prepare_update
+    from ulorl.train.update import UpdateContext, UpdateResult, apply_update, prepare_update
 
     shape = LONG_UPDATE_SHAPES[ctx.long_update_shape]
     longest = max(ctx.long_update_tokens)
@@ -388,6 +389,7 @@ def stage_long_update(ctx: StageContext) -> dict[str, Any]:
         raise RuntimeError("the LM head weight is not ZeRO-3 partitioned: the chunked head's ZeRO-3 path is not used")
     out: dict[str, Any] = {"shape": ctx.long_update_shape, **shape, "layers": ctx.long_update_layers,
                            "params_m": round(n_params / 1e6, 1), "init_s": round(init_s, 2), "rows_per_update": 2}
+    update_ctx = UpdateContext(backend, cfg.algo, cfg.train, 1.0, 0, ctx.device)
     for tokens in ctx.long_update_tokens:
         samples = long_update_samples(shape["vocab_size"], tokens)
         if ctx.on_cuda:
@@ -395,12 +397,12 @@ def stage_long_update(ctx: StageContext) -> dict[str, Any]:
             torch.cuda.reset_peak_memory_stats(ctx.device)
         ctx.sync()
         t0 = time.perf_counter()
-        prep = prepare_update(samples, backend, cfg.algo, cfg.train, 1.0, 0, ctx.device)
+        prep = prepare_update(samples, update_ctx)
         ctx.sync()
         t1 = time.perf_counter()
         if isinstance(prep, UpdateResult):
             raise RuntimeError(f"{tokens} tokens: nothing to train on: {prep.reason}")
-        res = apply_update(prep, backend, cfg.algo, cfg.train, 1.0, ctx.device)
+        res = apply_update(prep, update_ctx)
         ctx.sync()
         t2 = time.perf_counter()
         if not res.updated:

@@ -508,7 +508,7 @@ def run_engine_comparison(cfg: BenchConfig, engines: Sequence[str], *, progress:
     rows: list[dict[str, Any]] = []
     for name in engines:
         if name == "hf":
-            eng: Any = HFEngine(model, eos_token_id=eos, pad_token_id=pad, device=cfg.device, batching="compact")
+            eng: Engine = HFEngine(model, eos_token_id=eos, pad_token_id=pad, device=cfg.device, batching="compact")
         elif name == "vllm":
             from ulorl.rollout.engines.vllm import VLLMEngine
 
@@ -534,8 +534,7 @@ def run_engine_comparison(cfg: BenchConfig, engines: Sequence[str], *, progress:
                          "tokens_per_s": tokens / wall, "completed_per_s": finished / wall})
             _say(progress, f"{name}: {tokens / wall:.0f} tok/s, {finished / wall:.2f} completed/s over {steps} steps")
         finally:
-            if hasattr(eng, "close"):
-                eng.close()
+            eng.close()
     return {"engines": rows, "segments": S, "prompts": cfg.prompts, "group": cfg.group, "max_len": cfg.max_len,
             "model": cfg.model, "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None}
 

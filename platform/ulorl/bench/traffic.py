@@ -47,11 +47,11 @@ def main() -> None:
     from ulorl.models.tokenizer import build_tokenizer
     from ulorl.rollout.types import Sample, SampleStatus, SegmentSpan
     from ulorl.train.deepspeed_backend import DeepSpeedBackend
-    from ulorl.train.update import policy_update
     try:
         from ulorl.train.worker import worker_loop
     except ImportError:  # a checkout from before train/worker.py
         worker_loop = importlib.import_module("ulorl.train.distributed").worker_loop
+    update = importlib.import_module("ulorl.train.update")  # by name: older checkouts have another signature
 
     rank = int(os.environ["RANK"])
     model_dir = Path(tempfile.gettempdir()) / f"ulorl-traffic-model-{os.environ.get('MASTER_PORT', '0')}"
@@ -99,7 +99,11 @@ def main() -> None:
         ))
     box.clear()
     for _ in range(a.steps):
-        res = policy_update(samples, backend, cfg.algo, cfg.train, 1.0, tok.pad_token_id, device)
+        if hasattr(update, "UpdateContext"):
+            res = update.policy_update(samples, update.UpdateContext(backend, cfg.algo, cfg.train, 1.0,
+                                                                     tok.pad_token_id, device))
+        else:  # a checkout from before UpdateContext
+            res = update.policy_update(samples, backend, cfg.algo, cfg.train, 1.0, tok.pad_token_id, device)
         assert res.updated, res.reason
     per_step = {k: v // a.steps for k, v in box.items()}
     traffic = getattr(backend.data_parallel, "traffic", None)

@@ -227,15 +227,6 @@ class SampledResponse:
     entropy_sum: float
 
 
-def step_entropy(scores: torch.Tensor) -> torch.Tensor:
-    """Entropy (nats) of softmax over processed scores [B, V] (``-inf`` = filtered out) -> [B]."""
-    import torch
-
-    logp = torch.log_softmax(scores.float(), dim=-1)
-    p = logp.exp()
-    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
-
-
 def sample_responses(
     model,
     tok,
@@ -255,6 +246,8 @@ def sample_responses(
     its largest); a response that stops without EOS has ``hit_eos=False`` (truncated).
     """
     import torch
+
+    from ulorl.algo.entropy import token_entropy
 
     n = len(prompts)
     caps = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
@@ -282,7 +275,8 @@ def sample_responses(
                 return_dict_in_generate=True,
             )
             new = res.sequences[:, enc["input_ids"].shape[1] :].tolist()
-            ent = torch.stack([step_entropy(sc) for sc in res.scores], dim=1)  # [B, steps]
+            # generate's scores are the processed logits (/ T, top-p'd to -inf): their softmax was sampled
+            ent = torch.stack([token_entropy(sc) for sc in res.scores], dim=1)  # [B, steps]
             for b, row in enumerate(new):
                 hit = eos in row
                 n_tok = row.index(eos) + 1 if hit else len(row)

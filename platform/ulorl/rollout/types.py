@@ -113,6 +113,22 @@ class GenerationRequest:
     seed: int = 0
 
 
+def request_context(request: GenerationRequest, max_model_len: Optional[int] = None) -> list[int]:
+    """The tokens ``request`` decodes after, ``prompt_ids + prefix_ids``, once it passes the checks every
+    engine makes: a non-empty context, ``max_new_tokens >= 0`` and, under a context limit
+    (``max_model_len``, None: none), context + ``max_new_tokens`` within it. Raises ValueError naming
+    the request."""
+    ctx = list(request.prompt_ids) + list(request.prefix_ids)
+    if not ctx:
+        raise ValueError(f"request {request.request_id}: empty prompt_ids + prefix_ids")
+    if request.max_new_tokens < 0:
+        raise ValueError(f"request {request.request_id}: max_new_tokens must be >= 0, got {request.max_new_tokens}")
+    if max_model_len is not None and len(ctx) + request.max_new_tokens > max_model_len:
+        raise ValueError(f"request {request.request_id}: context {len(ctx)} + max_new_tokens {request.max_new_tokens} "
+                         f"exceeds the engine's max_model_len {max_model_len}")
+    return ctx
+
+
 @dataclass
 class GenerationResult:
     request_id: int

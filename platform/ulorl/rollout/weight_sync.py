@@ -30,13 +30,13 @@ import os
 import struct
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional, Protocol
 
 import torch
 
-from ulorl.rollout.types import Engine
+from ulorl.rollout.types import Engine, WeightStream
 
 __all__ = [
     "DEFAULT_BUCKET_MB",
@@ -50,6 +50,7 @@ __all__ = [
     "open_shared_bucket",
     "plan_buckets",
     "push_weights",
+    "WeightSource",
     "tensor_nbytes",
     "unpack_bucket",
 ]
@@ -253,17 +254,31 @@ def open_shared_bucket(path: str) -> list[tuple[str, torch.Tensor]]:
     return unpack_bucket(mm)  # the views keep the mapping alive; it unmaps when they are freed
 
 
-def push_weights(engine: Engine, backend: Any, version: int) -> None:
+class WeightSource(Protocol):
+    """What ``push_weights`` reads of a training backend (``ulorl.train.backend.TrainBackend`` has both)."""
+
+    @property
+    def rollout_weight_stream(self) -> Optional[Callable[[], WeightStream]]:
+        """A factory of lazy full-weight streams, or None: the weights leave as one state dict."""
+        ...
+
+    def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
+        """Full (gathered) model weights."""
+        ...
+
+
+def push_weights(engine: Engine, backend: WeightSource, version: int) -> None:
     """Send the trainer's current weights to ``engine`` (the trainer's weight-sync call site).
 
     Engines that stream weights (``engine.streams_weights``: vLLM, Ray engine actors) get the
-    backend's factory of lazy ``named_weights_for_rollout()`` streams (gathered per parameter under
+    backend's factory of lazy weight streams (``rollout_weight_stream``: gathered per bucket under
     ZeRO-3) through ``update_weights_from`` (native transfer walks it twice; ``stream`` buckets one);
-    other engines (the in-process HF engine, which shares or copies tensors) get
-    ``state_dict_for_rollout()``. Every rank of a data-parallel backend must call this (ZeRO-3
-    gathers are collective); the worker ranks' streams are consumed but not sent.
+    other engines (the in-process HF engine, which shares or copies tensors), and every engine of a
+    backend without a stream, get ``state_dict_for_rollout()``. Every rank of a data-parallel
+    backend must call this (ZeRO-3 gathers are collective); the worker ranks' streams are consumed
+    but not sent.
     """
-    stream = getattr(backend, "named_weights_for_rollout", None)
+    stream = backend.rollout_weight_stream
     if stream is not None and engine.streams_weights:
         engine.update_weights_from(stream, version)   # native transfer reads the stream twice (metadata, tensors)
     else:

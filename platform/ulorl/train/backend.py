@@ -6,17 +6,23 @@ DeepSpeed ZeRO backend with the same interface.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
 import torch
 
 from ulorl.config import TrainConfig
+from ulorl.rollout.types import WeightStream
 from ulorl.train.parallel import ParallelOps
 
 
 class TrainBackend(Protocol):
-    """What callers use of a backend (the trainer, the update, weight sync, the worker loop)."""
+    """What callers use of a backend (the trainer, the update, weight sync, the worker loop).
+
+    Optional capabilities are typed members every backend has (None or False where it lacks them):
+    code reads them, never probes for them.
+    """
 
     model: torch.nn.Module
     is_main_process: bool
@@ -42,6 +48,13 @@ class TrainBackend(Protocol):
     def state_dict_for_rollout(self) -> dict[str, torch.Tensor]:
         """Full (gathered) model weights for the rollout engine."""
         ...
+
+    @property
+    def rollout_weight_stream(self) -> Optional[Callable[[], WeightStream]]:
+        """A factory of lazy ``(name, tensor)`` streams of the full weights (gathered bucket by bucket
+        under ZeRO-3) for engines that stream weights; None: weights leave only as
+        ``state_dict_for_rollout()``."""
+        ...
     def save_model(self, directory: Path) -> None:
         """Write the full policy weights (+ config) to ``directory`` for ``from_pretrained``."""
         ...
@@ -61,6 +74,8 @@ class TorchBackend:
 
     is_main_process = True
     data_parallel: Optional[ParallelOps] = None  # one process
+    #: no stream: ``state_dict_for_rollout`` hands over the model's own tensors, nothing to gather
+    rollout_weight_stream: Optional[Callable[[], WeightStream]] = None
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig) -> None:
         self.model = model

@@ -46,7 +46,7 @@ import copy
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -181,7 +181,10 @@ class DeepSpeedBackend:
         rollout_model: full-weight transformers module for rollouts, SAIS log-probs and checkpoints.
         is_main_process: rank 0.
         data_parallel: ``DataParallel`` when WORLD_SIZE > 1, else None.
+        residency: the ``ULORL_PARAM_RESIDENCY_DIR`` probe (``worker.ParamResidency``) when one is attached.
     """
+
+    residency: Optional[object] = None
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, rollout_copy: bool = True) -> None:
         """``rollout_copy`` (ZeRO-3 only; the same value on every rank): rank 0 keeps a full
@@ -375,6 +378,11 @@ class DeepSpeedBackend:
 
     def _export_buckets(self) -> list[list[tuple[str, torch.nn.Parameter]]]:
         return bucketize_params(list(self.module.named_parameters()), self.export_bucket_bytes)
+
+    @property
+    def rollout_weight_stream(self) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
+        """``named_weights_for_rollout``: streaming engines get the weights bucket by bucket."""
+        return self.named_weights_for_rollout
 
     def named_weights_for_rollout(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Lazy ``(name, tensor)`` stream of the full weights for a streaming engine (rank 0).

@@ -47,7 +47,13 @@ from ulorl.train.progress import TrainProgress
 from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
-from ulorl.train.update import UpdateResult, engine_segment_logprobs, policy_update, segment_logprobs
+from ulorl.train.update import (
+    UpdateContext,
+    UpdateResult,
+    engine_segment_logprobs,
+    policy_update,
+    segment_logprobs,
+)
 from ulorl.train.worker import (
     finish_backend,
     load_model,
@@ -483,9 +489,7 @@ class Trainer:
         if samples and self.engine.colocate:
             self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
         if samples:
-            update = policy_update(
-                samples, self.backend, cfg.algo, cfg.train, cfg.rollout.temperature, self.pad_id, self.device
-            )
+            update = policy_update(samples, UpdateContext.of_run(self.backend, cfg, self.pad_id, self.device))
         metrics["time/train_s"] = time.perf_counter() - t1
         if update is not None and update.updated:
             self.policy_version += 1

@@ -17,15 +17,15 @@ from typing import Optional
 import torch
 
 from ulorl.algo import (
-    MASK_MODES,
     MaskInputs,
     dynamic_sampling_filter,
     group_advantages,
+    mask_mode,
     policy_loss,
     select_old_logprobs,
 )
 from ulorl.algo.entropy_control import ControlInputs, draw_seed, entropy_control, kl_cov_loss
-from ulorl.config import AlgoConfig, TrainConfig
+from ulorl.config import AlgoConfig, ExperimentConfig, TrainConfig
 from ulorl.rollout.types import Sample
 from ulorl.tracking.schema import NONFINITE_GRAD_METRIC
 from ulorl.train.backend import TrainBackend
@@ -38,9 +38,32 @@ log = logging.getLogger(__name__)
 #: backends (one per run) that already warned about rows over the micro-batch token cap
 _WARNED_OVER_CAP: weakref.WeakSet[object] = weakref.WeakSet()
 
-__all__ = ["PreparedUpdate", "UpdateResult", "apply_update", "autocast_ctx", "current_token_stats", "forward_logits",
-           "engine_segment_logprobs", "policy_update", "prepare_update", "segment_logprobs",
+__all__ = ["PreparedUpdate", "UpdateContext", "UpdateResult", "apply_update", "autocast_ctx", "current_token_stats",
+           "forward_logits", "engine_segment_logprobs", "policy_update", "prepare_update", "segment_logprobs",
            "split_minibatches"]
+
+
+@dataclass(frozen=True)
+class UpdateContext:
+    """What every update of a run is given besides its samples: the model, the settings, the sampling
+    temperature and where the tensors live. One per run (the trainer, each worker rank, a bench).
+
+    The samples become a [B, L] token batch (``pad_token_id`` pads it) whose [B, L-1] per-token
+    tensors are computed on ``device``.
+    """
+
+    backend: TrainBackend   # the model under training: forward, backward, optimizer step, data parallelism
+    algo: AlgoConfig        # loss, IS mode, mask, advantages, entropy control
+    train: TrainConfig      # micro-batch token cap, mini-batches per step, log-prob path, bf16, seed
+    temperature: float      # the rollout's sampling temperature: log-probs are of logits / temperature
+    pad_token_id: int       # pads the [B, L] token batch (padded positions are outside the response mask)
+    device: torch.device    # where the [B, L] batch, the [B, L-1] log-probs and the loss are computed
+
+    @classmethod
+    def of_run(cls, backend: TrainBackend, cfg: ExperimentConfig, pad_token_id: int,
+               device: torch.device) -> UpdateContext:
+        """A run's context: its algo and train settings, and the temperature its rollout samples at."""
+        return cls(backend, cfg.algo, cfg.train, cfg.rollout.temperature, pad_token_id, device)
 
 
 @dataclass
@@ -99,18 +122,11 @@ def parallel_ops(backend: TrainBackend, train: TrainConfig) -> ParallelOps:
     return backend.data_parallel or LocalParallel(train.logprob_path, train.logprob_chunk_tokens)
 
 
-def prepare_update(
-    samples: list[Sample],
-    backend: TrainBackend,
-    algo: AlgoConfig,
-    train: TrainConfig,
-    temperature: float,
-    pad_token_id: int,
-    device: torch.device,
-) -> PreparedUpdate | UpdateResult:
+def prepare_update(samples: list[Sample], ctx: UpdateContext) -> PreparedUpdate | UpdateResult:
     """Filter (dynamic sampling), batch, advantages, the no-grad pass (current log-probs, entropy),
     old log-probs by IS mode, the mask and the pre-update statistics. An ``UpdateResult`` (not
     updated, with its reason) when there is nothing to train on."""
+    backend, algo, train, temperature, device = ctx.backend, ctx.algo, ctx.train, ctx.temperature, ctx.device
     dp = parallel_ops(backend, train)
     dp.begin_update(samples)  # multi-process: rank 0 ships the samples; the other ranks run this on them
     rewards_all = torch.tensor([float(s.reward or 0.0) for s in samples])
@@ -130,7 +146,7 @@ def prepare_update(
     check_sp_loss_agg(algo.loss_agg, dp.sp)
     if algo.is_mode == "sais":
         check_sais_logprobs(kept)
-    batch = build_train_batch(kept, pad_token_id)
+    batch = build_train_batch(kept, ctx.pad_token_id)
     resp = batch.response_mask
     n_tokens = batch.num_response_tokens
     if n_tokens == 0:
@@ -154,8 +170,8 @@ def prepare_update(
     mask_in = MaskInputs(cur_lp, batch.rewards, resp, ent, tau=algo.mpt.tau, sigma=algo.mpt.sigma,
                          scope=algo.mpt.entropy_scope)
     mpt = mask_in.mpt   # the static mask itself (mode "static"), inside the dynamic one: computed once
-    loss_mask = MASK_MODES[algo.mpt.mode].mask(mask_in)
-    active = MASK_MODES[algo.mpt.mode].active(mask_in)
+    mode = mask_mode(algo.mpt.mode)
+    loss_mask, active = mode.mask(mask_in), mode.active(mask_in)
     ec, control = algo.entropy_control, entropy_control(algo.entropy_control.mode)
     acted = control.select(ControlInputs(
         cur_lp, old_lp, adv, resp, ent, eps_low=algo.eps_low, eps_high=algo.eps_high, clip_cov_ratio=ec.clip_cov_ratio,
@@ -180,17 +196,11 @@ def prepare_update(
                           metrics, kl_tokens)
 
 
-def apply_update(
-    prep: PreparedUpdate,
-    backend: TrainBackend,
-    algo: AlgoConfig,
-    train: TrainConfig,
-    temperature: float,
-    device: torch.device,
-) -> UpdateResult:
+def apply_update(prep: PreparedUpdate, ctx: UpdateContext) -> UpdateResult:
     """The optimizer loop: per mini-batch (``train.updates_per_step``), the clipped token-level loss
     per micro-batch, backward, one optimizer step. A non-finite loss or gradient norm refuses the
     rest of the update (the steps already taken stay)."""
+    backend, algo, train, temperature, device = ctx.backend, ctx.algo, ctx.train, ctx.temperature, ctx.device
     dp = parallel_ops(backend, train)
     model, batch, metrics = backend.model, prep.batch, dict(prep.metrics)
     n_tokens = batch.num_response_tokens
@@ -278,21 +288,13 @@ def _token_loss(prep: PreparedUpdate, algo: AlgoConfig, train: TrainConfig, lp: 
                        num_tokens=mb_tokens, loss_agg=algo.loss_agg, num_seqs=mb_seqs)
 
 
-def policy_update(
-    samples: list[Sample],
-    backend: TrainBackend,
-    algo: AlgoConfig,
-    train: TrainConfig,
-    temperature: float,
-    pad_token_id: int,
-    device: torch.device,
-) -> UpdateResult:
+def policy_update(samples: list[Sample], ctx: UpdateContext) -> UpdateResult:
     """Run the UloRL update on finished samples (whole groups): ``prepare_update`` then
     ``apply_update``. Returns metrics for tracking."""
-    prep = prepare_update(samples, backend, algo, train, temperature, pad_token_id, device)
+    prep = prepare_update(samples, ctx)
     if isinstance(prep, UpdateResult):
         return prep
-    return apply_update(prep, backend, algo, train, temperature, device)
+    return apply_update(prep, ctx)
 
 
 @torch.no_grad()

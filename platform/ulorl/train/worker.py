@@ -30,7 +30,7 @@ from ulorl.rollout.engines.vllm import PolicySpec
 from ulorl.rollout.weight_sync import bucket_bytes_from_mb
 from ulorl.train.deepspeed_backend import DeepSpeedBackend, deepspeed_config, full_nbytes, zero3_load
 from ulorl.train.distributed import dist_env, ensure_process_group
-from ulorl.train.update import policy_update
+from ulorl.train.update import UpdateContext, policy_update
 
 log = logging.getLogger("ulorl.train.worker")
 
@@ -182,14 +182,13 @@ class ParamResidency:
                                                   "rollout_copy": copy}))
 
 
-def finish_backend(backend: Any, cfg: ExperimentConfig) -> Any:
-    """Settings every rank applies to a new training backend (the same on every rank): ZeRO-3 exports
+def finish_backend(backend: DeepSpeedBackend, cfg: ExperimentConfig) -> DeepSpeedBackend:
+    """Settings every rank applies to a new DeepSpeed backend (the same on every rank): ZeRO-3 exports
     (weight pushes, ``save_model``) gather buckets of ``rollout.weight_sync_bucket_mb``, the size the
     engines receive; the ``ULORL_PARAM_RESIDENCY_DIR`` probe when set."""
-    if hasattr(backend, "export_bucket_bytes"):
-        backend.export_bucket_bytes = bucket_bytes_from_mb(cfg.rollout.weight_sync_bucket_mb)
+    backend.export_bucket_bytes = bucket_bytes_from_mb(cfg.rollout.weight_sync_bucket_mb)
     out = os.environ.get(RESIDENCY_ENV)
-    if out and getattr(backend, "zero_stage", 0) == 3:
+    if out and backend.zero_stage == 3:
         backend.residency = ParamResidency(backend, dist_env().rank, Path(out))
     return backend
 
@@ -216,12 +215,13 @@ def worker_loop(backend: Any, cfg: ExperimentConfig, pad_id: int, device: torch.
     dp = backend.data_parallel
     if dp is None or dp.is_driver:
         raise RuntimeError("worker_loop runs on ranks >= 1 of a multi-process run")
+    ctx = UpdateContext.of_run(backend, cfg, pad_id, device)
     updates = 0
     while True:
         name, payload = dp.receive()
         if name == "update":
             samples = dp.receive_samples()
-            res = policy_update(samples, backend, cfg.algo, cfg.train, cfg.rollout.temperature, pad_id, device)
+            res = policy_update(samples, ctx)
             updates += int(res.updated)
         elif name == "gather":
             backend.state_dict_for_rollout()

@@ -51,7 +51,14 @@ from ulorl.rollout.buckets import plan_buckets  # noqa: F401  (re-exported; torc
 from ulorl.rollout.engines.fastlm import Bucket, FastCausalLM, unsupported_reason
 from ulorl.rollout.engines.sampling import combine_seed, counter_uniforms, sample_tokens
 from ulorl.rollout.prefix import PrefixNode, prefix_forest, share_plan  # noqa: F401  (re-exported)
-from ulorl.rollout.types import EngineBase, EngineStats, GenerationRequest, GenerationResult, SamplingParams
+from ulorl.rollout.types import (
+    EngineBase,
+    EngineStats,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    request_context,
+)
 
 log = logging.getLogger(__name__)
 
@@ -208,11 +215,7 @@ class HFEngine(EngineBase):
         results: list[Optional[GenerationResult]] = [None] * len(requests)
         rows: list[_Row] = []
         for i, r in enumerate(requests):
-            ctx = list(r.prompt_ids) + list(r.prefix_ids)
-            if not ctx:
-                raise ValueError(f"request {r.request_id}: empty prompt and prefix")
-            if r.max_new_tokens < 0:
-                raise ValueError(f"request {r.request_id}: max_new_tokens {r.max_new_tokens} < 0")
+            ctx = request_context(r, self.max_model_len)
             stats.context_tokens += len(ctx)
             if r.max_new_tokens == 0:
                 results[i] = GenerationResult(r.request_id, [], [], "length")

@@ -95,7 +95,14 @@ from ulorl.rollout.engines.vllm_ext import (
     WORKER_EXTENSION,
     state_dict_to_bytes,
 )
-from ulorl.rollout.types import EngineBase, EngineStats, GenerationRequest, GenerationResult, SamplingParams
+from ulorl.rollout.types import (
+    EngineBase,
+    EngineStats,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    request_context,
+)
 from ulorl.rollout.weight_sync import (
     DEFAULT_BUCKET_MB,
     SharedBucket,
@@ -664,16 +671,7 @@ class VLLMEngine(EngineBase):
         prompts, params, index = [], [], []
         prefill = 0
         for i, req in enumerate(requests):
-            ctx = list(req.prompt_ids) + list(req.prefix_ids)
-            if not ctx:
-                raise ValueError(f"request {req.request_id}: empty prompt_ids + prefix_ids")
-            if req.max_new_tokens < 0:
-                raise ValueError(f"request {req.request_id}: max_new_tokens must be >= 0, got {req.max_new_tokens}")
-            if len(ctx) + req.max_new_tokens > self.max_model_len:
-                raise ValueError(
-                    f"request {req.request_id}: context {len(ctx)} + max_new_tokens {req.max_new_tokens} "
-                    f"exceeds the engine's max_model_len {self.max_model_len}"
-                )
+            ctx = request_context(req, self.max_model_len)
             if req.max_new_tokens == 0:
                 results[i] = GenerationResult(req.request_id, [], [], "length")
                 continue

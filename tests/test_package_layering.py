@@ -106,3 +106,46 @@ def test_importing_the_placement_arithmetic_loads_no_ray():
             "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def _folder_cycle(edges: list[tuple[str, str]]) -> list[str]:
+    """A cycle of top-level folders (``a -> b -> ... -> a``), or [] when the folder graph is acyclic."""
+    graph: dict[str, set[str]] = {}
+    for m, d in edges:
+        a, b = _folder(m) or m, _folder(d) or d
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start)
+            if found:
+                return found
+    return []
+
+
+def test_folder_cycle_finder():
+    assert _folder_cycle([("ulorl.a.x", "ulorl.b.y"), ("ulorl.b.y", "ulorl.c.z")]) == []
+    assert _folder_cycle([("ulorl.a.x", "ulorl.b.y"), ("ulorl.b.z", "ulorl.a.w")]) == ["a", "b", "a"]
+
+
+def test_folders_form_floors_no_import_runs_back_up():
+    """The folder graph is acyclic: every folder sits on a floor above all it imports (no two-way tie)."""
+    cycle = _folder_cycle(_edges())
+    assert not cycle, f"folders importing each other in a circle: {' -> '.join(cycle)}"

@@ -27,6 +27,17 @@ from ulorl.algo.masks import ENTROPY_SCOPES, MASK_MODES
 from ulorl.segments import segment_length
 
 
+def scaled_max_positions(rope_scaling: dict[str, Any]) -> Optional[int]:
+    """The context a YaRN ``rope_scaling`` dict gives: ``original_max_position_embeddings x factor``.
+
+    None without both keys. Trainer (``models.loading``) and engine (``rollout.engine_config``) read it.
+    """
+    orig, factor = rope_scaling.get("original_max_position_embeddings"), rope_scaling.get("factor")
+    if orig is None or factor is None:
+        return None
+    return int(round(float(orig) * float(factor)))
+
+
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the file and key path."""
 

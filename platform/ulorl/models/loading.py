@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from ulorl.config import scaled_max_positions
 from ulorl.data.profiles import parse_embedded
 
 EMBEDDED = "embedded"
@@ -123,11 +124,3 @@ def _apply_rope_scaling(config: Any, rope_scaling: dict[str, Any]) -> None:
         # vLLM does not multiply max_position_embeddings by the factor and sizes its rotary cache
         # from it: trainer and engine both read this value
         config.max_position_embeddings = scaled
-
-
-def scaled_max_positions(rope_scaling: dict[str, Any]) -> Optional[int]:
-    """``original_max_position_embeddings x factor`` of a YaRN dict (None without both keys)."""
-    orig, factor = rope_scaling.get("original_max_position_embeddings"), rope_scaling.get("factor")
-    if orig is None or factor is None:
-        return None
-    return int(round(float(orig) * float(factor)))

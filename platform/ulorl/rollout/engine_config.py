@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ulorl.config import ExperimentConfig, RolloutConfig
-from ulorl.models.loading import scaled_max_positions
+from ulorl.config import ExperimentConfig, RolloutConfig, scaled_max_positions
 
 __all__ = ["DEFAULT_PROMPT_BUDGET", "PAPER_ORIGINAL_POSITIONS", "engine_context", "prompt_budget",
            "engine_rollout_config", "tensor_parallel_size", "engine_summary", "scaled_positions"]

@@ -82,3 +82,15 @@ def test_the_check_sees_the_documents_it_should():
 def test_no_machine_paths(src):
     text = src.read_text(encoding="utf-8", errors="replace")
     assert not re.search(r"/work/|/home/\w+/|/Users/\w+/", text), f"{src.relative_to(ROOT)} names a machine path"
+
+
+def test_design_module_map_matches_the_tree():
+    """DESIGN.md's module map names every folder and top-level module of platform/ulorl, and nothing else."""
+    text = (ROOT / "platform/ulorl/docs/DESIGN.md").read_text(encoding="utf-8")
+    section = text[text.index("## Modules"):]
+    section = section[:section.index("\n## ", 1)]
+    listed = set(re.findall(r"^- `([a-z_]+/|[a-z_]+\.py)`", section, flags=re.M))
+    pkg = ROOT / "platform/ulorl"
+    tree = {p.name + "/" for p in pkg.iterdir() if p.is_dir() and not p.name.startswith("__")}
+    tree |= {p.name for p in pkg.glob("*.py") if p.name != "__init__.py"}
+    assert listed == tree, f"missing from the map: {sorted(tree - listed)}; not in the tree: {sorted(listed - tree)}"

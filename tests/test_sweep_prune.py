@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -199,3 +200,14 @@ def test_collapsing_trial_is_pruned_baseline_never_and_resume_keeps_it(tmp_path)
     assert s2.info.run_id == s.info.run_id and s2.info.status == "KILLED" and s2.data.tags["ulorl.pruned_step"] == "2"
     assert sorted(m.step for m in c.get_metric_history(s2.info.run_id, "train/entropy")) == [1, 2]
     assert next(r for r in again["ranking"] if r["role"] == "search")["status"] == "PRUNED"
+
+
+def test_sweep_page_status_says_pruned_with_rule_and_step() -> None:
+    from ulorl.dashboard.pages.sweep import trial_status
+
+    trials = pd.DataFrame({"status": ["FINISHED", "KILLED", "KILLED"],
+                           "tags.ulorl.pruned": [None, "true", None],
+                           "tags.ulorl.pruned_reason": [None, "asha", None],
+                           "tags.ulorl.pruned_step": [None, "5", None]})
+    assert list(trial_status(trials)) == ["FINISHED", "PRUNED (asha, step 5)", "KILLED"]
+    assert list(trial_status(trials[["status"]])) == ["FINISHED", "KILLED", "KILLED"]

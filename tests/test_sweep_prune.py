@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
+from mlflow_store import StoreBase, migrated_empty_db
 
 from ulorl.sweep import prune, ranking
 from ulorl.sweep.launch import SweepRunner
@@ -211,3 +212,37 @@ def test_sweep_page_status_says_pruned_with_rule_and_step() -> None:
                            "tags.ulorl.pruned_step": [None, "5", None]})
     assert list(trial_status(trials)) == ["FINISHED", "PRUNED (asha, step 5)", "KILLED"]
     assert list(trial_status(trials[["status"]])) == ["FINISHED", "KILLED", "KILLED"]
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    return migrated_empty_db(tmp_path_factory.mktemp("template"))
+
+
+def test_marking_tags_search_runs_only_and_is_idempotent(tmp_path, template) -> None:
+    store = StoreBase(tmp_path, template)
+    c = store.client
+    parent = c.create_run(store.exp, run_name="sweep-tiny").info.run_id
+    ids = {}
+    for tid, role in (("s1", "search"), ("s2", "search"), ("b1", "baseline")):
+        ids[tid] = c.create_run(store.exp, run_name=tid, tags={"mlflow.parentRunId": parent, "ulorl.trial_id": tid,
+                                                               "ulorl.trial_role": role}).info.run_id
+    records = {"s1": {"reason": "asha", "step": 5}, "b1": {"reason": "entropy_collapse", "step": 3}}
+    assert prune.mark_pruned_runs(c, parent, records) == 1
+    s1, s2, b1 = (c.get_run(ids[t]) for t in ("s1", "s2", "b1"))
+    assert s1.info.status == "KILLED" and (s1.data.tags["ulorl.pruned_reason"], s1.data.tags["ulorl.pruned_step"]) \
+        == ("asha", "5")
+    assert s2.info.status == "RUNNING" and "ulorl.pruned" not in s2.data.tags
+    assert b1.info.status == "RUNNING" and "ulorl.pruned" not in b1.data.tags   # a baseline is never pruned
+    assert prune.mark_pruned_runs(c, parent, records) == 0
+
+
+def test_baseline_tuner_has_no_scheduler(tmp_path) -> None:
+    p = tmp_path / "s.yaml"
+    p.write_text(_spec_text("{type: asha, grace_period: 2, entropy_below: 1.0e6}",
+                            "baseline: {name: masking_off, overrides: {algo.mpt.mode: 'off'}, seeds: 2}\n"))
+    runner = SweepRunner(p, tracking_uri=f"sqlite:///{tmp_path}/m.db", output_dir=tmp_path / "out")
+    runner.sweep_dir.mkdir(parents=True)
+    kwargs = runner._extra_tuner_kwargs([], [])
+    assert kwargs["tune_config"].scheduler is None
+    assert [e["role"] for e in kwargs["param_space"]["__extra__"]["grid_search"]] == ["baseline", "baseline"]

@@ -246,3 +246,12 @@ def test_baseline_tuner_has_no_scheduler(tmp_path) -> None:
     kwargs = runner._extra_tuner_kwargs([], [])
     assert kwargs["tune_config"].scheduler is None
     assert [e["role"] for e in kwargs["param_space"]["__extra__"]["grid_search"]] == ["baseline", "baseline"]
+
+
+def test_an_eval_objective_is_fresh_only_at_eval_steps() -> None:
+    # the trainer carries the last eval into every step; time/eval_s is there only when the step evaluated
+    carried = {"eval/heldout/avg_at_k": 0.5, "train/entropy": 0.1}
+    evaluated = {**carried, "time/eval_s": 3.0}
+    assert not prune.objective_fresh("eval/heldout/avg_at_k", carried)
+    assert prune.objective_fresh("eval/heldout/avg_at_k", evaluated)
+    assert prune.objective_fresh("train/entropy", carried) and not prune.objective_fresh("time/step_s", carried)

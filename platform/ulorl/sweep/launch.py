@@ -106,7 +106,7 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any], credentials: Optional
     def report(step: int, metrics: dict[str, float], ckpt: Optional[Path]) -> None:
         out = {k: float(v) for k, v in metrics.items()}
         out["step"] = step
-        out[prune.FRESH_KEY] = float(bool(metrics_names) and metrics_names[0] in metrics)
+        out[prune.FRESH_KEY] = float(bool(metrics_names) and prune.objective_fresh(metrics_names[0], metrics))
         for name in metrics_names:  # Tune must always see the objective: last known value
             out.setdefault(name, last_obj.get(name, float("nan")))
             last_obj[name] = out[name]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,6 +31,15 @@ FRESH_KEY = "objective_fresh"   # 1.0 in a trial's result when the objective was
 ENTROPY_METRIC = "train/entropy"
 ENTROPY_REASON = "entropy_collapse"
 STEP_KEY = "step"
+EVAL_TIME_METRIC = "time/eval_s"   # in a trainer step's metrics only at steps that ran the periodic eval
+
+
+def objective_fresh(metric: str, step_metrics: Mapping[str, float]) -> bool:
+    """Was ``metric`` measured at this step? A trainer step carries the last eval's ``eval/*`` metrics at
+    every step, so an ``eval/`` metric is fresh only where the step ran the eval (``time/eval_s``)."""
+    if metric.startswith("eval/"):
+        return EVAL_TIME_METRIC in step_metrics and metric in step_metrics
+    return metric in step_metrics
 
 
 # --------------------------------------------------------------------------- the entropy rule (pure)

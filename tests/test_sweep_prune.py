@@ -255,3 +255,25 @@ def test_an_eval_objective_is_fresh_only_at_eval_steps() -> None:
     assert not prune.objective_fresh("eval/heldout/avg_at_k", carried)
     assert prune.objective_fresh("eval/heldout/avg_at_k", evaluated)
     assert prune.objective_fresh("train/entropy", carried) and not prune.objective_fresh("time/step_s", carried)
+
+
+def test_asha_prunes_below_the_rung_cutoff_at_evaluated_steps_only(tmp_path) -> None:
+    """ASHA, 20 steps, grace period 5, reduction factor 2: rungs at steps 5, 10 and 20; the cutoff of a
+    rung is the median (50th percentile) of the values recorded there before. A records 0.6 at the step-5
+    rung; B's carried 0.1 at step 6 (not evaluated) is not judged; B's evaluated 0.4 at step 7 is below
+    0.6 and stops B (recorded at step 7); C's 0.6 is above the new cutoff median(0.6, 0.4) = 0.5 and goes
+    on. D, below A's 0.9 at the step-20 rung, is at its last step: no pruning there."""
+    inner = prune.objective_scheduler("asha", max_steps=20, grace_period=5, reduction_factor=2, brackets=1,
+                                      min_samples=1)
+    sch = prune.PruningScheduler(str(tmp_path), max_steps=20, inner=inner, inner_reason="asha")
+    sch.set_search_properties("eval/heldout/avg_at_k", "max")
+    a, b, c, d = (_Trial(x) for x in "ABCD")
+    for t in (a, b, c, d):
+        sch.on_trial_add(None, t)
+    assert sch.on_trial_result(None, a, _result(5, 1.0, 0.6, fresh=True)) == "CONTINUE"
+    assert sch.on_trial_result(None, b, _result(6, 1.0, 0.1, fresh=False)) == "CONTINUE"
+    assert sch.on_trial_result(None, b, _result(7, 1.0, 0.4, fresh=True)) == "STOP"
+    assert sch.on_trial_result(None, c, _result(5, 1.0, 0.6, fresh=True)) == "CONTINUE"
+    assert sch.on_trial_result(None, a, _result(20, 1.0, 0.9, fresh=True)) == "CONTINUE"
+    assert sch.on_trial_result(None, d, _result(20, 1.0, 0.1, fresh=True)) == "CONTINUE"
+    assert prune.read_pruned(tmp_path) == {"B": {"reason": "asha", "step": 7}}

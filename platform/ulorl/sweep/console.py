@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, TextIO
 
 PENDING, RUNNING, RETRYING, FINISHED, FAILED = "pending", "running", "retrying", "finished", "failed"
-FINAL = (FINISHED, FAILED)
+PRUNED = "pruned"   # stopped early by the sweep's scheduler (ulorl.sweep.prune): done, its remaining steps never run
+FINAL = (FINISHED, FAILED, PRUNED)
 
 
 @dataclass
@@ -121,6 +122,14 @@ class SweepView:
         t.status = FINISHED
         t.step = max(t.step, t.total)
         self._event(t, "finished" + (f", {self.metric_label} {t.heldout:.3f}" if t.heldout is not None else ""))
+
+    def pruned(self, key: str, reason: str, step: int) -> None:
+        t = self.trials.get(key)
+        if t is None or t.status == PRUNED:
+            return
+        t.status = PRUNED
+        self._event(t, f"pruned at step {step} ({reason})"
+                    + (f", {self.metric_label} {t.heldout:.3f}" if t.heldout is not None else ""))
 
     def failed(self, key: str, error: str = "") -> None:
         t = self.trials.get(key)

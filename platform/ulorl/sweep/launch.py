@@ -23,7 +23,7 @@ from typing import Any, Optional, TextIO
 from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict
 from ulorl.quiet import quiet_libraries
 from ulorl.scale.placement import PlacementError
-from ulorl.sweep import ranking
+from ulorl.sweep import prune, ranking
 from ulorl.sweep.capture import OutputCapture
 from ulorl.sweep.console import SweepView
 from ulorl.sweep.placed import check_trials_fit, describe_resources, needs_placement, run_placed_trial, trial_resources
@@ -106,6 +106,7 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any], credentials: Optional
     def report(step: int, metrics: dict[str, float], ckpt: Optional[Path]) -> None:
         out = {k: float(v) for k, v in metrics.items()}
         out["step"] = step
+        out[prune.FRESH_KEY] = float(bool(metrics_names) and prune.objective_fresh(metrics_names[0], metrics))
         for name in metrics_names:  # Tune must always see the objective: last known value
             out.setdefault(name, last_obj.get(name, float("nan")))
             last_obj[name] = out[name]
@@ -260,6 +261,7 @@ class SweepRunner:
         self.spec, self.base_path, self.base = load_sweep(self.sweep_path)
         if seed_offsets is not None:  # ulorl-sweep --seeds
             self.spec = with_seed_offsets(self.spec, seed_offsets)
+        self._check_scheduler()
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.store_uri = self.tracking_uri  # the store itself (the driver's server, if any, fronts it)
         self.address = address
@@ -272,6 +274,17 @@ class SweepRunner:
         self._server: Any = None
         self._view: Optional[SweepView] = None
         self._sigint = False
+
+    def _check_scheduler(self) -> None:
+        """A rule on an eval metric reads it at evals only: it cannot judge a trial before the first one."""
+        sch, metric = self.spec.scheduler, self.spec.metrics[0]
+        if sch is None or sch.type == "none" or not metric.startswith("eval/"):
+            return
+        every = config_from_dict(apply_overrides(self.base, ranking.fixed_overrides(self.spec)),
+                                 str(self.base_path)).eval.every
+        if not every or sch.grace_period < every:
+            raise SweepError(f"scheduler.grace_period ({sch.grace_period}) must be at least eval.every ({every}): "
+                             f"{metric} is only evaluated every eval.every steps")
 
     # ---------------------------------------------------------------- tracking
     def _choose_sweep_dir(self) -> None:
@@ -449,6 +462,7 @@ class SweepRunner:
             else:
                 tuner = self._new_tuner(trainable, meta, storage, callbacks())
             results = tuner.fit()
+            self._mark_pruned(parent)
             self._raise_if_cut_short(results, self._search_count(), parent)
             errors = _trial_errors(results)
             if self._has_extra_trials():
@@ -549,8 +563,16 @@ class SweepRunner:
         if unfinished:
             raise self._interrupted(parent)
 
+    def _mark_pruned(self, parent: Optional[str]) -> None:
+        """The child runs of the trials the scheduler pruned: KILLED, tagged with the rule and step."""
+        if parent is not None:
+            from mlflow.tracking import MlflowClient
+
+            prune.mark_pruned_runs(MlflowClient(self.tracking_uri), parent, prune.read_pruned(self.sweep_dir))
+
     def _interrupted(self, parent: Optional[str]) -> SweepInterrupted:
         """Mark the parent run and its unfinished child runs KILLED; the exception the CLI reports."""
+        self._mark_pruned(parent)
         if parent is not None:
             from mlflow.tracking import MlflowClient
 
@@ -594,14 +616,8 @@ class SweepRunner:
         if single:
             tune_kwargs["metric"] = spec.metrics[0]
             tune_kwargs["mode"] = spec.modes[0]
-        if spec.scheduler is not None:
-            from ray.tune.schedulers import ASHAScheduler
-
-            steps = meta["fixed"].get("train.max_steps") or config_from_dict(self.base).train.max_steps
-            tune_kwargs["scheduler"] = ASHAScheduler(
-                time_attr="training_iteration", max_t=int(steps), grace_period=spec.scheduler.grace_period,
-                reduction_factor=spec.scheduler.reduction_factor,
-            )
+        if spec.scheduler is not None:   # the search trials only: baselines and re-runs have their own tuner
+            tune_kwargs["scheduler"] = prune.build_scheduler(spec.scheduler, self.sweep_dir, self._steps_per_trial())
         return tune.Tuner(
             trainable,
             param_space=param_space,
@@ -639,16 +655,19 @@ class SweepRunner:
         from ray import tune
 
         spec = self.spec
-        done = [r for r in results if r.error is None and r.metrics]
+        pruned = prune.read_pruned(self.sweep_dir)   # a pruned trial is never the best one
+        done = [r for r in results if r.error is None and r.metrics and r.metrics.get("trial_id") not in pruned]
         i = ranking.best_index([r.metrics.get(spec.metrics[0]) for r in done],
                                [str(r.metrics.get("trial_id", "")) for r in done], spec.modes[0])
         best = done[i] if i is not None else None
         searched = None
         if best is not None and best.config and "__trial__" not in best.config:
             searched = {k: v for k, v in best.config.items() if k in spec.space}
+        tune_config = tune.TuneConfig(max_concurrent_trials=spec.max_concurrent)
+        assert tune_config.scheduler is None, "baselines, re-runs and references are never pruned"
         return {
             "param_space": {"__extra__": tune.grid_search(self._extra_entries(searched))},
-            "tune_config": tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),
+            "tune_config": tune_config,
             "run_config": tune.RunConfig(name=f"{spec.name}-baseline", storage_path=str(self.sweep_dir / "tune"),
                                          verbose=1, callbacks=callbacks,
                                          failure_config=tune.FailureConfig(max_failures=spec.max_failures),
@@ -668,6 +687,7 @@ class SweepRunner:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(self.tracking_uri)
+        prune.mark_pruned_runs(client, parent, prune.read_pruned(self.sweep_dir))
         summary = ranking.summarize(client, parent, self.spec, self.base, self.base_path)
         tracker = RunTracker(client, parent)
         tracker.log_text(ranking.ranking_csv(summary["ranking"]), "sweep/ranking.csv")

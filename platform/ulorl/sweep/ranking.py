@@ -50,10 +50,12 @@ from ulorl.tracking import schema
 N_BOOT = 2000
 ALPHA = 0.05
 ROLE_SEARCH, ROLE_BASELINE, ROLE_RERUN = "search", "baseline", "rerun"
+PRUNED = "PRUNED"   # status of a search trial the sweep's scheduler stopped early (``ulorl.sweep.prune``)
 ROLE_REFERENCE = "reference"   # a reference trial of another comparison (spec ``references``: the S = 1 of the speedup)
 # Columns of sweep/ranking.csv (before the key params of the trials).
 RANKING_COLUMNS: tuple[str, ...] = (
-    "rank", "run_id", "run_name", "trial_id", "role", "seed_offset", "variant", "status", "steps", "objective",
+    "rank", "run_id", "run_name", "trial_id", "role", "seed_offset", "variant", "status", "pruned_reason",
+    "pruned_step", "steps", "objective",
     "heldout_problems", "heldout_avg", "heldout_ci_low", "heldout_ci_high",
     "diff_vs_baseline", "diff_ci_low", "diff_ci_high", "baseline_run_id",
 )
@@ -83,6 +85,8 @@ class Trial:
     scores: dict[str, float] = field(default_factory=dict)    # problem_id -> accuracy, last eval
     variant: str = ""
     confirm: dict[str, float] = field(default_factory=dict)   # the confirmation part's scores, last eval
+    pruned_reason: str = ""            # status PRUNED: the rule that stopped it
+    pruned_step: Optional[int] = None  # status PRUNED: the last step it ran
 
 
 def score_interval(scores: dict[str, float]) -> tuple[Optional[float], Optional[float], Optional[float]]:
@@ -104,12 +108,12 @@ def baseline_for(trial: Trial, trials: Sequence[Trial]) -> Optional[Trial]:
 
 def ranking_rows(trials: Sequence[Trial], mode: str = "max") -> list[dict[str, Any]]:
     """Rows of ``sweep/ranking.csv``: search trials ranked by the objective (ties: smaller trial id
-    first, the same rule as :func:`best_index`), then the baseline and
+    first, the same rule as :func:`best_index`), the pruned ones after all others, then the baseline and
     re-run trials; every row with its held-out interval and its paired difference vs the baseline
     of the same seed (columns :data:`RANKING_COLUMNS` then the key params)."""
     sign = -1.0 if mode == "max" else 1.0
     search = sorted([t for t in trials if t.role == ROLE_SEARCH],
-                    key=lambda t: (t.objective is None, sign * (t.objective or 0.0), t.trial_id))
+                    key=lambda t: (t.status == PRUNED, t.objective is None, sign * (t.objective or 0.0), t.trial_id))
     others = sorted([t for t in trials if t.role != ROLE_SEARCH], key=lambda t: (t.role, t.seed_offset))
     rows = []
     for i, t in enumerate(search + others, 1):
@@ -123,7 +127,8 @@ def ranking_rows(trials: Sequence[Trial], mode: str = "max") -> list[dict[str, A
         rows.append({
             "rank": i if t.role == ROLE_SEARCH else None, "run_id": t.run_id, "run_name": t.run_name,
             "trial_id": t.trial_id, "role": t.role, "seed_offset": t.seed_offset, "variant": t.variant,
-            "status": t.status, "steps": t.steps, "objective": t.objective, "heldout_problems": len(t.scores),
+            "status": t.status, "pruned_reason": t.pruned_reason or None, "pruned_step": t.pruned_step,
+            "steps": t.steps, "objective": t.objective, "heldout_problems": len(t.scores),
             "heldout_avg": avg, "heldout_ci_low": lo, "heldout_ci_high": hi,
             "diff_vs_baseline": d[0], "diff_ci_low": d[1], "diff_ci_high": d[2],
             "baseline_run_id": base.run_id if base is not None and base.run_id != t.run_id else None,
@@ -187,7 +192,7 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
     re-run seeds, or 2 without problems: not judged.
     """
     rows = ranking_rows(trials, mode)
-    search = [r for r in rows if r["role"] == ROLE_SEARCH and r["objective"] is not None]
+    search = [r for r in rows if r["role"] == ROLE_SEARCH and r["objective"] is not None and r["status"] != PRUNED]
     bases = {t.seed_offset: t for t in trials if t.role == ROLE_BASELINE and (t.scores or t.confirm)}
     if not search or not bases:
         return Verdict("verdict: no baseline with held-out results to compare against", None, [], None)
@@ -318,15 +323,18 @@ def trials_from_mlflow(client: Any, parent_run_id: str, metric: str, searched: S
     out = []
     for r in runs:
         tags, params = r.data.tags, r.data.params
+        pruned = tags.get(schema.PRUNED_TAG) == "true"
         out.append(Trial(
             run_id=r.info.run_id, run_name=r.info.run_name or r.info.run_id[:8],
             trial_id=tags.get(schema.TRIAL_TAG, ""), role=tags.get(schema.ROLE_TAG, ROLE_SEARCH),
-            seed_offset=int(tags.get(schema.SEED_TAG, 0) or 0), status=r.info.status,
+            seed_offset=int(tags.get(schema.SEED_TAG, 0) or 0), status=PRUNED if pruned else r.info.status,
             objective=r.data.metrics.get(metric), steps=r.data.metrics.get("train/policy_version"),
             params={k: v for k, v in params.items() if k in schema.KEY_PARAMS or k in searched},
             searched={k: params.get(k) for k in searched if k in params},
             scores=last_per_problem(client, r.info.run_id, bench), variant=tags.get(schema.VARIANT_TAG, ""),
             confirm=last_per_problem(client, r.info.run_id, cbench) if cbench else {},
+            pruned_reason=tags.get(schema.PRUNED_REASON_TAG, "") if pruned else "",
+            pruned_step=_int_param(tags.get(schema.PRUNED_STEP_TAG)) if pruned else None,
         ))
     return out
 
@@ -422,7 +430,7 @@ def summarize(client: Any, parent_run_id: str, spec: Any, base: dict[str, Any], 
     metric, mode = spec.metrics[0], spec.modes[0]
     trials = trials_from_mlflow(client, parent_run_id, metric, list(spec.space))
     rows = ranking_rows(trials, mode)
-    best = next((r for r in rows if r["role"] == ROLE_SEARCH), None)
+    best = next((r for r in rows if r["role"] == ROLE_SEARCH and r["status"] != PRUNED), None)
     fixed = fixed_overrides(spec)
     command = None
     if best is not None:
@@ -476,7 +484,8 @@ def print_summary(summary: dict[str, Any], spec: Any, file: Any = None) -> None:
                 f"{_fmt(r['diff_vs_baseline'], True)} "
                 f"[{_fmt(r['diff_ci_low'], True)}, {_fmt(r['diff_ci_high'], True)}]")
         role = r["role"] + (f" seed+{r['seed_offset']}" if r["seed_offset"] else "")
-        table.add_row(_fmt(r["rank"]), r["run_name"], role, r["status"], ci, diff)
+        status = r["status"] + (f" ({r['pruned_reason']}, step {r['pruned_step']})" if r["status"] == PRUNED else "")
+        table.add_row(_fmt(r["rank"]), r["run_name"], role, status, ci, diff)
     console.print(table)
     best = summary.get("best")
     if best is not None:

@@ -122,9 +122,27 @@ class SearchConfig(_S):
 
 
 class SchedulerConfig(_S):
-    type: Literal["asha"] = "asha"
-    grace_period: int = Field(5, ge=1)
-    reduction_factor: float = Field(2.0, gt=1)
+    """Pruning of search trials (``ulorl.sweep.prune``): a Tune scheduler on the objective, read at the
+    trial's periodic evals only, and/or the entropy-collapse rule. Baselines and re-runs are never pruned."""
+
+    type: Literal["asha", "hyperband", "median", "none"] = Field(
+        "asha", description="asha: successive halving at steps grace_period * reduction_factor^k; hyperband: "
+        "asynchronous HyperBand (ASHA with `brackets` brackets); median: stop a trial whose best objective is "
+        "below the median of the other trials' running means at the same step; none: the entropy rule only")
+    grace_period: int = Field(5, ge=1, description="training steps before a trial can be pruned on the objective "
+                              "(at least eval.every: the objective is only read at evals)")
+    reduction_factor: float = Field(2.0, gt=1, description="asha / hyperband: 1 in reduction_factor goes on per rung")
+    brackets: int = Field(3, ge=1, description="hyperband: number of brackets")
+    min_samples: int = Field(3, ge=1, description="median: other trials needed at a step before stopping there")
+    entropy_below: Optional[float] = Field(None, gt=0, description="entropy collapse: prune a trial whose "
+                                           "train/entropy (nats/token) stays below this ...")
+    entropy_steps: int = Field(3, ge=1, description="... for this many consecutive training steps")
+
+    @model_validator(mode="after")
+    def _rule_given(self) -> SchedulerConfig:
+        if self.type == "none" and self.entropy_below is None:
+            raise ValueError("scheduler.type none prunes nothing without scheduler.entropy_below")
+        return self
 
 
 class TrialResources(_S):
@@ -179,8 +197,9 @@ class SweepSpec(_S):
         modes = self.mode if isinstance(self.mode, list) else [self.mode]
         if len(metrics) != len(modes):
             raise ValueError(f"metric has {len(metrics)} entries but mode has {len(modes)}")
-        if self.scheduler is not None and len(metrics) > 1:
-            raise ValueError("scheduler (ASHA) works with a single objective only; remove scheduler or use one metric")
+        if self.scheduler is not None and self.scheduler.type != "none" and len(metrics) > 1:
+            raise ValueError(f"scheduler.type {self.scheduler.type} works with a single objective only; use one "
+                             "metric or scheduler.type none (the entropy rule alone)")
         if len(metrics) > 1 and self.search.algorithm != "optuna":
             raise ValueError("several objectives need search.algorithm: optuna (multi-objective TPE)")
         if self.search.algorithm == "optuna":

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from ray.tune import Callback
 
 from ulorl.sweep.console import SweepView
+from ulorl.sweep.prune import read_pruned
 
 # trial config -> (role, short swept values)
 Describe = Callable[[dict[str, Any]], tuple[str, str]]
@@ -86,7 +87,12 @@ class ViewCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         reg = self._reg()
-        if reg is not None:
+        if reg is None:
+            return
+        rec = read_pruned(self.key).get(trial.trial_id)   # the key is the sweep directory
+        if rec is not None:
+            reg.view.pruned(trial.trial_id, str(rec["reason"]), int(rec["step"]))
+        else:
             reg.view.finished(trial.trial_id)
 
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:

@@ -35,6 +35,11 @@ VARIANT_TAG = "ulorl.variant"
 # importance statistics.
 ROLE_TAG = "ulorl.trial_role"
 SEED_TAG = "ulorl.seed_offset"
+# A search trial stopped early by the sweep's scheduler (``ulorl.sweep.prune``): its child run is KILLED
+# and tagged pruned=true, the rule (entropy_collapse | asha | hyperband | median) and the last step it ran.
+PRUNED_TAG = "ulorl.pruned"
+PRUNED_REASON_TAG = "ulorl.pruned_reason"
+PRUNED_STEP_TAG = "ulorl.pruned_step"
 PARENT_TAG = "mlflow.parentRunId"
 BENCHMARK_TAG = "ulorl.benchmark"
 MODEL_TAG = "ulorl.model"

@@ -79,6 +79,18 @@ def search_trials(trials: pd.DataFrame) -> pd.DataFrame:
     return trials[trials[col].isna() | (trials[col] == "search")]
 
 
+def trial_status(trials: pd.DataFrame) -> pd.Series:
+    """Each trial's status as the ranking shows it: ``PRUNED (<rule>, step N)`` for a trial the sweep's
+    scheduler stopped early (tags ``ulorl.pruned*``; its run is KILLED), the run's status otherwise."""
+    flag, reason, step = (f"tags.{t}" for t in (schema.PRUNED_TAG, schema.PRUNED_REASON_TAG, schema.PRUNED_STEP_TAG))
+    if flag not in trials:
+        return trials["status"]
+    pruned = trials[flag] == "true"
+    why = trials.get(reason, pd.Series("", index=trials.index)).fillna("").astype(str)
+    at = trials.get(step, pd.Series("", index=trials.index)).fillna("").astype(str)
+    return trials["status"].where(~pruned, "PRUNED (" + why + ", step " + at + ")")
+
+
 def parent_hints(parent: Optional[pd.Series]) -> dict[str, Any]:
     """What ``ulorl-sweep`` records on its parent run beyond the schema (all optional):
     params ``space.<key>`` (searched keys), ``sweep.metric`` / ``sweep.mode``, and tag
@@ -218,8 +230,14 @@ def render() -> None:
         st.info(f"No trial logged `{title}` yet.")
     else:
         st.altair_chart(charts.history_chart(hist, title), width="stretch", key="sweep_history")
-    with st.expander("Trials"):
-        trials = trials.assign(run=frames.label_series(trials))
+    status = trial_status(trials)
+    pruned = status[status.str.startswith("PRUNED")]
+    if not pruned.empty:
+        st.caption(f"{len(pruned)} search trial(s) pruned by the sweep's scheduler (status PRUNED in the table "
+                   "below: rule and last step; their objective is the value when stopped, the ranking lists "
+                   "them after the finished trials and never picks one as best).")
+    with st.expander("Trials", expanded=not pruned.empty):
+        trials = trials.assign(run=frames.label_series(trials), status=status)
         role = f"tags.{schema.ROLE_TAG}"
         cols = (["run", "run_id", "status"] + ([role] if role in trials else [])
                 + [frames.param_col(p) for p in params] + [objective])

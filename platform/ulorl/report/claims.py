@@ -68,9 +68,8 @@ from ulorl.eval.paired import (
 )
 from ulorl.report.store import RunInfo, RunSource
 from ulorl.report.tables import cumulative_samples, point_at_budget, sample_budget
-from ulorl.sweep.ranking import ROLE_BASELINE, ROLE_RERUN
-from ulorl.sweep.spec import SEED_KEYS
 from ulorl.tracking import schema
+from ulorl.tracking.schema import ROLE_BASELINE, ROLE_RERUN, SEED_KEYS
 
 HELDOUT = schema.eval_metric("heldout", "avg_at_k")
 ENTROPY = "train/entropy"

@@ -46,12 +46,11 @@ from ulorl.eval.paired import verdict as claim_verdict
 from ulorl.report import speed
 from ulorl.sweep.spec import seed_overrides
 from ulorl.tracking import schema
+from ulorl.tracking.schema import ROLE_BASELINE, ROLE_REFERENCE, ROLE_RERUN, ROLE_SEARCH
 
 N_BOOT = 2000
 ALPHA = 0.05
-ROLE_SEARCH, ROLE_BASELINE, ROLE_RERUN = "search", "baseline", "rerun"
 PRUNED = "PRUNED"   # status of a search trial the sweep's scheduler stopped early (``ulorl.sweep.prune``)
-ROLE_REFERENCE = "reference"   # a reference trial of another comparison (spec ``references``: the S = 1 of the speedup)
 # Columns of sweep/ranking.csv (before the key params of the trials).
 RANKING_COLUMNS: tuple[str, ...] = (
     "rank", "run_id", "run_name", "trial_id", "role", "seed_offset", "variant", "status", "pruned_reason",

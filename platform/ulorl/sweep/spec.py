@@ -37,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ulorl.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict, known_keys, read_yaml
+from ulorl.tracking.schema import SEED_KEYS
 
 
 class SweepError(ValueError):
@@ -438,7 +439,6 @@ def trial_run_name(sweep: str, trial_id: str, values: dict[str, Any], role: str 
 # Seeds a repeat (seed offset r) shifts by r: the prompt order, the sampling draws, the start-up RNGs.
 # data.task.seed is not among them: it decides which problems exist (the held-out split too), and
 # arms compared on the same held-out problems must keep it.
-SEED_KEYS: tuple[str, ...] = ("data.seed", "rollout.seed", "train.seed")
 
 
 def seed_overrides(experiment: dict[str, Any], offset: int) -> dict[str, int]:

@@ -34,7 +34,11 @@ VARIANT_TAG = "ulorl.variant"
 # outside the searcher) or "rerun" (a trial re-run on another seed). Only "search" trials enter
 # importance statistics.
 ROLE_TAG = "ulorl.trial_role"
+ROLE_SEARCH, ROLE_BASELINE, ROLE_RERUN = "search", "baseline", "rerun"
+ROLE_REFERENCE = "reference"   # a reference trial of another comparison (spec ``references``: the S = 1 of the speedup)
 SEED_TAG = "ulorl.seed_offset"
+# The config keys a sweep shifts by a trial's seed offset (and the claims pair runs by).
+SEED_KEYS: tuple[str, ...] = ("data.seed", "rollout.seed", "train.seed")
 # A search trial stopped early by the sweep's scheduler (``ulorl.sweep.prune``): its child run is KILLED
 # and tagged pruned=true, the rule (entropy_collapse | asha | hyperband | median) and the last step it ran.
 PRUNED_TAG = "ulorl.pruned"

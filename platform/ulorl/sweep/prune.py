@@ -92,7 +92,7 @@ def mark_pruned_runs(client: Any, parent_run_id: str, records: dict[str, dict[st
     for run in client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'",
                                   max_results=1000):
         rec = records.get(run.data.tags.get(schema.TRIAL_TAG, ""))
-        if rec is None or run.data.tags.get(schema.ROLE_TAG, "search") != "search":
+        if rec is None or run.data.tags.get(schema.ROLE_TAG, schema.ROLE_SEARCH) != schema.ROLE_SEARCH:
             continue
         if run.data.tags.get(schema.PRUNED_TAG) == "true" and run.info.status == "KILLED":
             continue
@@ -135,6 +135,8 @@ class PruningScheduler(FIFOScheduler):
         self.entropy_below = entropy_below
         self.entropy_steps = int(entropy_steps)
         self._counts: dict[str, int] = {}
+        # read once (a resumed sweep's earlier decisions), kept in step with record_pruned: no file read per result
+        self._pruned: set[str] = set(read_pruned(sweep_dir))
 
     def set_search_properties(self, metric: Optional[str], mode: Optional[str], **spec: Any) -> bool:
         ok = super().set_search_properties(metric, mode, **spec)
@@ -165,11 +167,12 @@ class PruningScheduler(FIFOScheduler):
 
     def _prune(self, trial_id: str, reason: str, step: int) -> str:
         record_pruned(self.sweep_dir, trial_id, reason, step)
+        self._pruned.add(trial_id)
         return TrialScheduler.STOP
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
         tid = str(trial.trial_id)
-        if tid in read_pruned(self.sweep_dir):   # a pruned trial restarted (resume): stop it again
+        if tid in self._pruned:   # a pruned trial restarted (resume): stop it again
             return TrialScheduler.STOP
         step = int(result.get(STEP_KEY, 0))
         last = step >= self.max_steps

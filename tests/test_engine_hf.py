@@ -376,3 +376,12 @@ def test_make_engine_dispatch(model, monkeypatch):
     with pytest.raises(MissingExtraError, match=r"pip install 'ulorl\[gpu\]'"):
         make_engine(RolloutConfig(engine="vllm"), model, Tok())
     assert isinstance(vllm_available(), bool)
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, greedy=True),
+                                SamplingParams(top_p=0.0), SamplingParams(top_p=1.5), SamplingParams(top_k=-2)])
+def test_invalid_sampling_refused_before_decoding(model, sp):
+    """The checks vLLM's mapping makes (tests/test_vllm_mapping.py), one function for both engines:
+    greedy at temperature 0 is refused too (its log-probs would be log_softmax(logits / 0))."""
+    with pytest.raises(ValueError, match=r"sampling\.(temperature|top_p|top_k)"):
+        HFEngine(model, EOS, PAD).generate(reqs(prompts(1), 4), sp)

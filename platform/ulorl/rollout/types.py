@@ -113,6 +113,18 @@ class GenerationRequest:
     seed: int = 0
 
 
+def check_sampling(sampling: SamplingParams) -> None:
+    """The sampling checks every engine makes before decoding: temperature > 0 (greedy included: the
+    returned log-probs are ``log_softmax(logits / T)``), ``top_p`` in (0, 1], ``top_k`` -1 (off) or
+    >= 0. Raises ValueError naming the setting."""
+    if not sampling.temperature > 0:
+        raise ValueError(f"sampling.temperature must be > 0 (greedy too: log-probs use it), got {sampling.temperature}")
+    if not 0.0 < sampling.top_p <= 1.0:
+        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.top_k < -1:
+        raise ValueError(f"sampling.top_k must be -1 (off) or >= 0, got {sampling.top_k}")
+
+
 def request_context(request: GenerationRequest, max_model_len: Optional[int] = None) -> list[int]:
     """The tokens ``request`` decodes after, ``prompt_ids + prefix_ids``, once it passes the checks every
     engine makes: a non-empty context, ``max_new_tokens >= 0`` and, under a context limit

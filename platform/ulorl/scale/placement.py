@@ -470,6 +470,81 @@ def _current_trial_pg(n_bundles: int) -> Any:
     return pg
 
 
+def _own_placement_group(cfg: ExperimentConfig, bundles: list[dict[str, float]], strategy: str) -> Any:
+    """A new placement group for ``bundles``, ready; refused up front when no node can hold a bundle."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    why = check_nodes_hold(bundles, bundle_roles(cfg), strategy, cluster_nodes())
+    if why:
+        raise PlacementError(why)
+    pg = placement_group(bundles, strategy=strategy, name=f"ulorl-{cfg.name}-{os.getpid()}")
+    ready, _ = ray.wait([pg.ready()], timeout=PG_READY_TIMEOUT_S)
+    if not ready:
+        _remove_pg(pg)
+        raise PlacementError(f"placement group {bundles} ({strategy}) not ready after {PG_READY_TIMEOUT_S:.0f}s")
+    return pg
+
+
+def _remove_pg(pg: Any) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    remove_placement_group(pg)
+
+
+def _worker_env(i: int, trainer_info: list[dict[str, Any]], master: tuple[str, int],
+                gpu_workers: bool) -> dict[str, str]:
+    """torch.distributed environment of trainer worker ``i`` (LOCAL_RANK: its index among the
+    workers on its node; a GPU actor sees only its own device, cuda:0)."""
+    local = sum(1 for k in range(i) if trainer_info[k]["node_id"] == trainer_info[i]["node_id"])
+    return {"RANK": str(i), "WORLD_SIZE": str(len(trainer_info)), "MASTER_ADDR": master[0],
+            "MASTER_PORT": str(master[1]), "LOCAL_RANK": "0" if gpu_workers else str(local)}
+
+
+def _wait_draining(futures: list[Any], queue: Any, on_item: Callable[[tuple[Any, ...]], None]) -> None:
+    """Wait for every future, handing each queued step report to ``on_item`` as it arrives; an actor's
+    failure is raised as soon as its future resolves."""
+    import ray
+    from ray.util.queue import Empty
+
+    def drain() -> None:
+        while True:
+            try:
+                item = queue.get_nowait()
+            except Empty:
+                return
+            on_item(item)
+
+    pending = list(futures)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+        drain()
+        if done:
+            ray.get(done)
+    drain()
+
+
+def _release(engines: list[Any], actors: list[Any], own_pg: Any, stop_ray: bool) -> None:
+    """Engines closed first (their vLLM processes are children a ``ray.kill`` would orphan), then
+    every actor killed, the run's own placement group removed and a Ray started here shut down."""
+    import ray
+
+    if engines:
+        try:
+            ray.get([e.close.remote() for e in engines], timeout=120)
+        except Exception:  # an engine that failed to start or is gone: killed below
+            pass
+    for a in actors:
+        try:
+            ray.kill(a)
+        except Exception:  # already gone
+            pass
+    if own_pg is not None:
+        _remove_pg(own_pg)
+    if stop_ray:
+        ray.shutdown()
+
+
 def run_placement(
     cfg: ExperimentConfig,
     *,
@@ -487,8 +562,7 @@ def run_placement(
     # keeps a local Ray on 127.0.0.1 (STACK.md); must be set before ray is imported
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.queue import Empty, Queue
+    from ray.util.queue import Queue
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from ulorl.tracking import resolve_tracking_uri
@@ -496,10 +570,7 @@ def run_placement(
     from ulorl.train.trainer import default_run_dir, find_resume_dir
 
     uri = resolve_tracking_uri(tracking_uri, cfg.tracking.uri)
-    if resume:
-        rdir = find_resume_dir(cfg, resume)
-    else:
-        rdir = Path(run_dir).resolve() if run_dir else default_run_dir(cfg)
+    rdir = find_resume_dir(cfg, resume) if resume else (Path(run_dir).resolve() if run_dir else default_run_dir(cfg))
     r = cfg.resources
     # one torch thread per whole CPU of the bundle unless the experiment says otherwise
     trainer_cfg = cfg if cfg.train.threads else cfg.model_copy(
@@ -512,19 +583,12 @@ def run_placement(
     started, addr = _start_ray(address)
     own_pg = None
     actors: list[Any] = []
-    engines_made: list[Any] = []
+    engines: list[Any] = []
     try:
         pg = _current_trial_pg(len(bundles))
-        offset = 1 if pg is not None else 0
+        offset = 1 if pg is not None else 0   # inside a Tune trial, bundle 0 is the trial itself
         if pg is None:
-            why = check_nodes_hold(bundles, bundle_roles(cfg), strategy, cluster_nodes())
-            if why:
-                raise PlacementError(why)
-            own_pg = pg = placement_group(bundles, strategy=strategy, name=f"ulorl-{cfg.name}-{os.getpid()}")
-            ready, _ = ray.wait([pg.ready()], timeout=PG_READY_TIMEOUT_S)
-            if not ready:
-                raise PlacementError(f"placement group {bundles} ({strategy}) not ready after "
-                                     f"{PG_READY_TIMEOUT_S:.0f}s")
+            own_pg = pg = _own_placement_group(cfg, bundles, strategy)
 
         def opts(i: int) -> dict[str, Any]:
             b = bundles[i]
@@ -532,21 +596,16 @@ def run_placement(
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         pg, placement_group_bundle_index=offset + i)}
 
-        engine_cls = ray.remote(EngineActor)
-        trainer_cls = ray.remote(TrainerActor)
         # Any: Ray types an actor handle's methods as plain callables, without their .remote
         # named (ulorl-engine-<j>-<pid>): a diagnostic can reach an engine during the run
-        engines: list[Any] = [engine_cls.options(name=f"ulorl-engine-{j}-{os.getpid()}", **opts(n + j)).remote(
+        engines = [ray.remote(EngineActor).options(name=f"ulorl-engine-{j}-{os.getpid()}", **opts(n + j)).remote(
             cfg_dict, actor_threads(r.cpus_per_engine)) for j in range(m)]
-        engines_made = engines
-        workers: list[Any] = [trainer_cls.options(**opts(i)).remote() for i in range(n)]
+        workers: list[Any] = [ray.remote(TrainerActor).options(**opts(i)).remote() for i in range(n)]
         actors = engines + workers
         trainer_info = ray.get([w.info.remote() for w in workers])
         engine_info = ray.get([e.info.remote() for e in engines])
-        master_addr = trainer_info[0]["node_ip"]
-        master_port = ray.get(workers[0].free_port.remote())
-        cluster = ray.cluster_resources()
-        params = placement_params(cfg, addr, strategy, bundles, trainer_info, engine_info, cluster)
+        master = (trainer_info[0]["node_ip"], ray.get(workers[0].free_port.remote()))
+        params = placement_params(cfg, addr, strategy, bundles, trainer_info, engine_info, ray.cluster_resources())
         if progress:
             print(f"ulorl-train --ray: {n} trainer worker(s) + {m} engine(s) on "
                   f"{params['placement.nodes_used']} node(s), run dir {rdir}", file=sys.stderr)
@@ -555,10 +614,7 @@ def run_placement(
         actors.append(queue.actor)
         futures = []
         for i, w in enumerate(workers):
-            local = sum(1 for k in range(i) if trainer_info[k]["node_id"] == trainer_info[i]["node_id"])
-            env = {"RANK": str(i), "WORLD_SIZE": str(n), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-                   # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES: its device is cuda:0
-                   "LOCAL_RANK": "0" if r.gpus_per_trainer_worker > 0 else str(local)}
+            env = _worker_env(i, trainer_info, master, r.gpus_per_trainer_worker > 0)
             kwargs = {"run_dir": str(rdir), "tracking_uri": uri, **({"resume": str(rdir)} if resume and i == 0 else {})}
             if i == 0:
                 kwargs.update(trainer_kwargs)
@@ -567,29 +623,19 @@ def run_placement(
 
         logged = False
 
-        def drain() -> None:
+        def on_step(item: tuple[Any, ...]) -> None:
             nonlocal logged
-            while True:
-                try:
-                    run_id, step, metrics, ckpt = queue.get_nowait()
-                except Empty:
-                    return
-                if not logged and run_id:
-                    log_placement_params(uri, run_id, params)
-                    logged = True
-                if progress:
-                    print(f"step {step}: reward {metrics.get('rollout/reward_mean', float('nan')):.3f} "
-                          f"{metrics.get('time/step_s', 0.0):.1f}s/step", file=sys.stderr)
-                if step_callback is not None:
-                    step_callback(step, metrics, Path(ckpt) if ckpt else None)
+            run_id, step, metrics, ckpt = item
+            if not logged and run_id:
+                log_placement_params(uri, run_id, params)
+                logged = True
+            if progress:
+                print(f"step {step}: reward {metrics.get('rollout/reward_mean', float('nan')):.3f} "
+                      f"{metrics.get('time/step_s', 0.0):.1f}s/step", file=sys.stderr)
+            if step_callback is not None:
+                step_callback(step, metrics, Path(ckpt) if ckpt else None)
 
-        pending = list(futures)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
-            drain()
-            if done:
-                ray.get(done)  # raises at once when an actor failed
-        drain()
+        _wait_draining(futures, queue, on_step)
         out = ray.get(futures[0])
         if out["run_id"] and not logged:
             log_placement_params(uri, out["run_id"], params)
@@ -597,20 +643,7 @@ def run_placement(
                                interrupted=out["interrupted"], tracking_uri=out["tracking_uri"], params=params,
                                last_metrics=out["last_metrics"])
     finally:
-        if engines_made:
-            try:   # engines first: their vLLM processes are children a ray.kill would orphan
-                ray.get([e.close.remote() for e in engines_made], timeout=120)
-            except Exception:  # an engine that failed to start or is gone: kill it below
-                pass
-        for a in actors:
-            try:
-                ray.kill(a)
-            except Exception:  # already gone
-                pass
-        if own_pg is not None:
-            remove_placement_group(own_pg)
-        if started:
-            ray.shutdown()
+        _release(engines, actors, own_pg, started)
 
 
 def run_with_placement(cfg: ExperimentConfig, args: Any) -> int:

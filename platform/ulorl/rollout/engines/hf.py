@@ -57,6 +57,7 @@ from ulorl.rollout.types import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
+    check_sampling,
     request_context,
 )
 
@@ -210,8 +211,7 @@ class HFEngine(EngineBase):
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationResult]:
         """Decode each request (results in request order); see the module docstring."""
         stats = HFEngineStats()
-        if sampling.temperature <= 0 and not sampling.greedy:
-            raise ValueError(f"temperature must be > 0 (or greedy=True), got {sampling.temperature}")
+        check_sampling(sampling)
         results: list[Optional[GenerationResult]] = [None] * len(requests)
         rows: list[_Row] = []
         for i, r in enumerate(requests):

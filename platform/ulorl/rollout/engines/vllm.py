@@ -101,6 +101,7 @@ from ulorl.rollout.types import (
     GenerationRequest,
     GenerationResult,
     SamplingParams,
+    check_sampling,
     request_context,
 )
 from ulorl.rollout.weight_sync import (
@@ -145,12 +146,7 @@ def vllm_sampling_kwargs(sampling: SamplingParams, request: GenerationRequest,
     ``logprobs=0`` returns the sampled token's log-prob only; ``detokenize=False`` because the
     engine works on token ids.
     """
-    if sampling.temperature <= 0:
-        raise ValueError(f"sampling.temperature must be > 0 (use greedy=True), got {sampling.temperature}")
-    if not 0.0 < sampling.top_p <= 1.0:
-        raise ValueError(f"sampling.top_p must be in (0, 1], got {sampling.top_p}")
-    if sampling.top_k is not None and sampling.top_k < -1:
-        raise ValueError(f"sampling.top_k must be -1 (off) or >= 0, got {sampling.top_k}")
+    check_sampling(sampling)
     if sampling.greedy:
         top_k, top_p = 1, 1.0
     else:

@@ -473,7 +473,7 @@ def _current_trial_pg(n_bundles: int) -> Any:
 def _own_placement_group(cfg: ExperimentConfig, bundles: list[dict[str, float]], strategy: str) -> Any:
     """A new placement group for ``bundles``, ready; refused up front when no node can hold a bundle."""
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.util.placement_group import placement_group, remove_placement_group
 
     why = check_nodes_hold(bundles, bundle_roles(cfg), strategy, cluster_nodes())
     if why:
@@ -481,15 +481,9 @@ def _own_placement_group(cfg: ExperimentConfig, bundles: list[dict[str, float]],
     pg = placement_group(bundles, strategy=strategy, name=f"ulorl-{cfg.name}-{os.getpid()}")
     ready, _ = ray.wait([pg.ready()], timeout=PG_READY_TIMEOUT_S)
     if not ready:
-        _remove_pg(pg)
+        remove_placement_group(pg)
         raise PlacementError(f"placement group {bundles} ({strategy}) not ready after {PG_READY_TIMEOUT_S:.0f}s")
     return pg
-
-
-def _remove_pg(pg: Any) -> None:
-    from ray.util.placement_group import remove_placement_group
-
-    remove_placement_group(pg)
 
 
 def _worker_env(i: int, trainer_info: list[dict[str, Any]], master: tuple[str, int],
@@ -528,6 +522,7 @@ def _release(engines: list[Any], actors: list[Any], own_pg: Any, stop_ray: bool)
     """Engines closed first (their vLLM processes are children a ``ray.kill`` would orphan), then
     every actor killed, the run's own placement group removed and a Ray started here shut down."""
     import ray
+    from ray.util.placement_group import remove_placement_group
 
     if engines:
         try:
@@ -540,7 +535,7 @@ def _release(engines: list[Any], actors: list[Any], own_pg: Any, stop_ray: bool)
         except Exception:  # already gone
             pass
     if own_pg is not None:
-        _remove_pg(own_pg)
+        remove_placement_group(own_pg)
     if stop_ray:
         ray.shutdown()
 

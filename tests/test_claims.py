@@ -407,6 +407,26 @@ def test_docs_table_replaces_only_its_block() -> None:
         C.replace_docs_table("no markers", table)
 
 
+def test_readme_summary_keeps_the_paper_claims_and_both_blocks_are_rewritten() -> None:
+    fig2 = C.ClaimResult("fig2_pois_vs_tois", "", "", "POIS vs TOIS (S=1)", 0, "choice_is_mode (abcdef12)",
+                         level=0.90, margin=0.05, bench="heldout", seeds=3, effect=-0.055, t_low=-0.09,
+                         t_high=-0.02, problem_low=-0.07, problem_high=0.01, problems=64, mde_seeds=0.06,
+                         mde_problems=0.04, basis=C.B_BOTH, verdict=C.INCONCLUSIVE,
+                         per_seed=[{"diff": -0.078}, {"diff": -0.039}, {"diff": -0.047}])
+    ec = C.ClaimResult("ec_kl_cov_entropy", "", "", "KL-Cov vs off", 1, "choice_entropy_controls (abc)")
+    summary = C.summary_table([fig2, ec])
+    assert "ec_kl_cov" not in summary and "-0.078" not in summary          # paper claims, no per-seed list
+    assert ("| fig2_pois_vs_tois: POIS vs TOIS (S=1) | 3 | -0.055 | [-0.090, -0.020] | [-0.070, +0.010] | 0.060 "
+            "| **inconclusive** (90 %, seeds + problems, margin +-0.05) "
+            "| `ulorl-sweep sweeps/choice/is_mode.yaml` |") in summary
+    doc = (f"a\n{C.SUMMARY_BEGIN}\nold summary\n{C.SUMMARY_END}\nb\n{C.DOCS_BEGIN}\nold table\n"
+           f"{C.DOCS_END}\nc\n")
+    assert C.update_docs(doc, [fig2, ec]) == (f"a\n{C.SUMMARY_BEGIN}\n{summary}{C.SUMMARY_END}\nb\n{C.DOCS_BEGIN}\n"
+                                              f"{C.docs_table([fig2, ec])}{C.DOCS_END}\nc\n")
+    with pytest.raises(ValueError, match="claims-summary"):
+        C.update_docs("no markers", [fig2])
+
+
 def test_claims_read_real_training_runs(tmp_path: Path, empty_db: Path) -> None:
     """Four real 2-step trainings of experiments/quickstart_choice.yaml (random-init model of its
     architecture): masking off / static on seeds 0 and 1, tagged fig4. The claims pair them by their
@@ -540,13 +560,15 @@ def test_tables_cli_exports_then_recomputes_claims_from_the_files_alone(
     assert "results file or folder not found" in capsys.readouterr().err
 
 
-def test_committed_results_files_reproduce_the_docs_claims_table() -> None:
-    """platform/ulorl/docs/paper_claims.md's claims table is what the committed results files give
-    (regenerate it with: ulorl-tables --results experiments/results --out paper_tables
-    --docs platform/ulorl/docs/paper_claims.md)."""
+def test_committed_results_files_reproduce_the_docs_and_readme_claims_tables() -> None:
+    """platform/ulorl/docs/paper_claims.md's claims table and the README's short one are what the
+    committed results files give (regenerate both with: ulorl-tables --results experiments/results
+    --out paper_tables --docs platform/ulorl/docs/paper_claims.md --docs README.md)."""
     root = Path(__file__).resolve().parents[1]
-    page = (root / "platform" / "ulorl" / "docs" / "paper_claims.md").read_text()
-    start, end = page.index(C.DOCS_BEGIN) + len(C.DOCS_BEGIN) + 1, page.index(C.DOCS_END)
     results = C.evaluate_claims(ResultsStore.open(root / "experiments" / "results"))
-    assert page[start:end] == C.docs_table(results)
+    for path, begin, end, make in (("platform/ulorl/docs/paper_claims.md", C.DOCS_BEGIN, C.DOCS_END, C.docs_table),
+                                   ("README.md", C.SUMMARY_BEGIN, C.SUMMARY_END, C.summary_table)):
+        page = (root / path).read_text()
+        start, stop = page.index(begin) + len(begin) + 1, page.index(end)
+        assert page[start:stop] == make(results), path
     assert any(r.seeds for r in results)          # the files hold paired runs, not only 'not run' rows

@@ -2,7 +2,8 @@
 
     ulorl-tables --tracking-uri sqlite:///$PWD/mlflow.db --out paper_tables/
     ulorl-tables --tracking-uri sqlite:///$PWD/mlflow.db --export-results experiments/results
-    ulorl-tables --results experiments/results --out paper_tables/ [--docs platform/ulorl/docs/paper_claims.md]
+    ulorl-tables --results experiments/results --out paper_tables/ \
+        [--docs platform/ulorl/docs/paper_claims.md --docs README.md]
 
 Writes table{1,2,3}.md / .tex (booktabs) / .csv, fig{2,4,5}.png, cells.csv (every cell -> its
 MLflow run ids) and claims.md / claims.json (the paper's claims over seeds: effect a - b, intervals
@@ -14,7 +15,8 @@ seeds as faint per-seed curves, their mean and a min-max band.
 --export-results DIR merges the store's FINISHED sweep runs into DIR/<sweep>.jsonl (what the claims
 and figures read; safe to repeat while a sweep runs) and writes nothing else. --results reads those
 files instead of a store: claims.md / claims.json and fig{2,4,5}.png (Tables 1-3 need the store);
---docs FILE then rewrites the claims table between the markers of FILE.
+--docs FILE (repeatable) then rewrites the claims tables between the markers of FILE: the full table
+(paper_claims.md) and the README's short one.
 """
 
 from __future__ import annotations
@@ -47,15 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", action="append", default=None, metavar="PATH",
                    help="read results files (a .jsonl or a folder of them; repeat for several) instead of a "
                         "store: claims and figures only")
-    p.add_argument("--docs", default=None, metavar="FILE",
-                   help="with --results: rewrite the claims table between the claims-table markers of FILE "
-                        "(e.g. platform/ulorl/docs/paper_claims.md)")
+    p.add_argument("--docs", action="append", default=None, metavar="FILE",
+                   help="with --results: rewrite the claims tables between the markers FILE holds (repeatable): "
+                        "the full table (claims-table, platform/ulorl/docs/paper_claims.md) and the short one "
+                        "(claims-summary, README.md)")
     return p
 
 
 def _from_results(args: argparse.Namespace) -> int:
     """``--results``: claims.md / claims.json and the figures from results files alone."""
-    from ulorl.report.claims import docs_table, replace_docs_table, write_claims
+    from ulorl.report.claims import update_docs, write_claims
     from ulorl.report.figures import build_figures
     from ulorl.report.results import ResultsStore
     from ulorl.report.tables import find_hints
@@ -73,10 +76,9 @@ def _from_results(args: argparse.Namespace) -> int:
     for fig in build_figures(source, find_hints()):
         fig.save(out / f"{fig.key}.png")
         files.append(str(out / f"{fig.key}.png"))
-    if args.docs:
-        docs = Path(args.docs)
+    for docs in map(Path, args.docs or ()):
         try:
-            docs.write_text(replace_docs_table(docs.read_text(), docs_table(claims["results"])))
+            docs.write_text(update_docs(docs.read_text(), claims["results"]))
         except (OSError, ValueError) as exc:
             print(f"ulorl-tables: error: --docs {docs}: {exc}", file=sys.stderr)
             return 2

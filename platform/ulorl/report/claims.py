@@ -625,12 +625,51 @@ def docs_table(results: Sequence[ClaimResult], claims: Sequence[Claim] = CLAIMS)
     return "\n".join(lines) + "\n"
 
 
-def replace_docs_table(text: str, table: str) -> str:
-    """``text`` with the block between :data:`DOCS_BEGIN` and :data:`DOCS_END` replaced by ``table``."""
-    m = re.search(re.escape(DOCS_BEGIN) + r"\n.*?" + re.escape(DOCS_END), text, flags=re.S)
+SUMMARY_COLUMNS = ("claim (paper)", "seeds", "effect a - b", "t-interval across seeds",
+                   "bootstrap over problems", "MDE", "verdict", "command")
+SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summary:end -->"
+
+
+def summary_table(results: Sequence[ClaimResult], claims: Sequence[Claim] = CLAIMS) -> str:
+    """The README's short claims table (between :data:`SUMMARY_BEGIN` and :data:`SUMMARY_END`): the
+    paper's own claims only (the entropy-control comparisons stay on the docs page), without the
+    per-seed differences."""
+    paper = {c.name for c in claims if "entropy_controls" not in c.paper_refs}
+    lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "|".join("---" for _ in SUMMARY_COLUMNS) + "|"]
+    for r in results:
+        if r.claim not in paper:
+            continue
+        digits = 3 if r.bench else 4
+        t = f"[{_f(r.t_low, digits)}, {_f(r.t_high, digits)}]" if r.t_low is not None else "—"
+        pb = f"[{_f(r.problem_low, digits)}, {_f(r.problem_high, digits)}]" if r.problem_low is not None else "—"
+        mde = "—" if r.mde is None else f"{r.mde:.{digits}f}"
+        margin = f", margin +-{r.margin:g}" if r.margin is not None else ""
+        v = f"**{r.verdict}**" + (f" ({_pct(r.level)} %, {r.basis}{margin})" if r.basis != B_NONE else "")
+        bench = f", {r.bench}" if r.bench and r.bench != "heldout" else ""
+        cells = (f"{r.claim}: {r.arms}{bench}", str(r.seeds), _f(r.effect, digits), t, pb, mde, v,
+                 _sweep_command(r, claims))
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_docs_table(text: str, table: str, begin: str = DOCS_BEGIN, end: str = DOCS_END) -> str:
+    """``text`` with the block between ``begin`` and ``end`` replaced by ``table``."""
+    m = re.search(re.escape(begin) + r"\n.*?" + re.escape(end), text, flags=re.S)
     if m is None:
-        raise ValueError(f"no {DOCS_BEGIN} ... {DOCS_END} block to replace")
-    return text[: m.start()] + DOCS_BEGIN + "\n" + table + DOCS_END + text[m.end():]
+        raise ValueError(f"no {begin} ... {end} block to replace")
+    return text[: m.start()] + begin + "\n" + table + end + text[m.end():]
+
+
+def update_docs(text: str, results: Sequence[ClaimResult]) -> str:
+    """``text`` with every claims block it holds rewritten: the full table (:func:`docs_table`) and the
+    README's summary (:func:`summary_table`); a ValueError when it holds neither."""
+    blocks = ((DOCS_BEGIN, DOCS_END, docs_table), (SUMMARY_BEGIN, SUMMARY_END, summary_table))
+    present = [(b, e, make) for b, e, make in blocks if b in text]
+    if not present:
+        raise ValueError(f"no {DOCS_BEGIN} or {SUMMARY_BEGIN} block to replace")
+    for begin, end, make in present:
+        text = replace_docs_table(text, make(results), begin, end)
+    return text
 
 
 def claims_json(results: Sequence[ClaimResult]) -> str:
@@ -652,5 +691,6 @@ def write_claims(source: RunSource, out_dir: str | Path) -> dict[str, Any]:
 
 
 __all__ = ["CLAIMS", "Arm", "Claim", "ClaimResult", "claims_json", "claims_markdown", "docs_table", "evaluate_claims",
-           "pooled_problem_interval", "replace_docs_table", "t_cdf_two_sided", "t_interval", "t_quantile",
-           "verdict", "write_claims", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "NOT_HOLD", "NOT_RUN"]
+           "pooled_problem_interval", "replace_docs_table", "summary_table", "t_cdf_two_sided", "t_interval",
+           "t_quantile", "update_docs", "verdict", "write_claims", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "NOT_HOLD",
+           "NOT_RUN"]

@@ -175,4 +175,7 @@ def test_zero3_two_ranks_chunked_equals_full(tmp_path):
 
 
 if __name__ == "__main__":
+    from ulorl.train.distributed import shutdown_process_group
+
     _script(sys.argv[1:])
+    shutdown_process_group()

@@ -322,4 +322,7 @@ def test_padded_micro_batches_give_every_rank_the_same_pass_count():
 
 
 if __name__ == "__main__":
+    from ulorl.train.distributed import shutdown_process_group
+
     _script(sys.argv[1:])
+    shutdown_process_group()

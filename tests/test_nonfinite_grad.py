@@ -159,4 +159,7 @@ def test_nan_gradient_on_one_rank_skips_the_step_on_every_rank(model_dir, tmp_pa
 
 
 if __name__ == "__main__":
+    from ulorl.train.distributed import shutdown_process_group
+
     _script(sys.argv[1:])
+    shutdown_process_group()

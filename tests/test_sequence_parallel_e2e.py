@@ -111,4 +111,7 @@ def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path, stag
 
 
 if __name__ == "__main__":
+    from ulorl.train.distributed import shutdown_process_group
+
     _script(sys.argv[1:])
+    shutdown_process_group()

@@ -32,7 +32,7 @@ from ulorl.algo.loss import policy_loss
 from ulorl.config import config_from_dict
 from ulorl.jsonout import emit_json
 from ulorl.train.batch import TrainBatch
-from ulorl.train.distributed import ensure_process_group
+from ulorl.train.distributed import ensure_process_group, shutdown_process_group
 from ulorl.train.forward import LOGPROB_PATHS, token_stats
 
 MIB = 1024**2
@@ -367,6 +367,7 @@ def _one_main(argv: Sequence[str] | None = None) -> int:
                            device=a.device, gradient_checkpointing=a.gradient_checkpointing, repeats=a.repeats,
                            attn_implementation=a.attn_implementation, zero_stage=a.zero_stage)
     print(json.dumps(r))
+    shutdown_process_group()   # --zero-stage: the one-rank group DeepSpeed needed
     return 0
 
 

@@ -117,3 +117,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    from ulorl.train.distributed import shutdown_process_group
+
+    shutdown_process_group()

@@ -48,7 +48,7 @@ from ulorl.train.deepspeed_backend import (
     full_nbytes,
     local_partition_bytes,
 )
-from ulorl.train.distributed import ensure_process_group
+from ulorl.train.distributed import ensure_process_group, shutdown_process_group
 from ulorl.train.worker import load_model, load_train_model, pad_token_id, worker_loop
 from ulorl.train.zero3_gathers import add_arguments as add_gather_arguments
 from ulorl.train.zero3_gathers import format_counts, run_gather_counts
@@ -292,6 +292,7 @@ def _rank_cli(argv: list[str] | None = None) -> None:
     ap.add_argument("--check", action="store_true", help="rank 0 compares the export and save_model to the checkpoint")
     a = ap.parse_args(argv)
     rank_main(a.model, a.path, a.out, a.bucket_mb, check=a.check)
+    shutdown_process_group()
 
 
 if __name__ == "__main__":

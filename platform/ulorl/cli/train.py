@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     except MissingExtraError as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2
+    from ulorl.train.distributed import shutdown_process_group
+
+    shutdown_process_group()   # a multi-rank run: every rank got here (the run ended on all of them)
     if os.environ.get("RANK", "0") != "0":
         return 130 if result.interrupted else 0  # only rank 0 reports
     state = "interrupted (checkpoint saved; continue with --resume)" if result.interrupted else "finished"

@@ -137,6 +137,18 @@ def ensure_process_group(device_type: str) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device_type == "cuda" else "gloo")
 
 
+
+def shutdown_process_group() -> None:
+    """Destroy the default process group (and the groups made from it) when a rank ends normally.
+
+    Without it a rank can die with SIGABRT ("terminate called without an active exception") after
+    its work is done: gloo's worker threads still hold finished work while the interpreter tears
+    down (PyTorch documents destroy_process_group at the end of every rank's main). Success path
+    only: a rank that stops on an error while others wait in a collective could block here.
+    """
+    if td.is_available() and td.is_initialized():
+        td.destroy_process_group()
+
 # ----------------------------------------------------------------------------- process-group layout (pure)
 
 

@@ -261,3 +261,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="one rank of ulorl-bench zero3-memory --count-gathers")
     add_arguments(parser, rank=True)
     rank_main(parser.parse_args())
+    from ulorl.train.distributed import shutdown_process_group
+
+    shutdown_process_group()

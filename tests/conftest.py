@@ -6,7 +6,13 @@ measured duration on the 2-core machine (shortest first) lets the most tests fin
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# A local Ray stays on 127.0.0.1 only when this is set before ray is first imported (STACK.md); the
+# product sets it before its own import, but an earlier test may have imported ray already.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 #: slow test files, shortest first (approximate seconds on the 2-core CI machine)
 SLOW_ORDER = [

@@ -602,26 +602,51 @@ def _sweep_command(r: ClaimResult, claims: Sequence[Claim]) -> str:
     return f"`{cmd}`" if cmd else "—"
 
 
+@dataclass(frozen=True)
+class _Cells:
+    """The cells both claims tables share, formatted once: held-out metrics to 3 decimals, entropy
+    (nats / token) to 4."""
+    digits: int
+    claim: str
+    t: str
+    problems: str
+    mde: str
+    margin: str
+
+    @classmethod
+    def of(cls, r: ClaimResult) -> _Cells:
+        d = 3 if r.bench else 4
+        return cls(
+            digits=d,
+            claim=f"{r.claim}: {r.arms}" + (f", {r.bench}" if r.bench and r.bench != "heldout" else ""),
+            t=f"[{_f(r.t_low, d)}, {_f(r.t_high, d)}]" if r.t_low is not None else "—",
+            problems=f"[{_f(r.problem_low, d)}, {_f(r.problem_high, d)}]" if r.problem_low is not None else "—",
+            mde="—" if r.mde is None else f"{r.mde:.{d}f}",
+            margin=f", margin +-{r.margin:g}" if r.margin is not None else "",
+        )
+
+
+def _table_head(columns: Sequence[str]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+
+
+def _table_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
 def docs_table(results: Sequence[ClaimResult], claims: Sequence[Claim] = CLAIMS) -> str:
     """The claims table of ``platform/ulorl/docs/paper_claims.md`` (between :data:`DOCS_BEGIN` and
     :data:`DOCS_END`): three decimals, the level beside each interval and verdict."""
-    def esc(s: str) -> str:
-        return s.replace("|", "\\|")
-
-    lines = ["| " + " | ".join(DOCS_COLUMNS) + " |", "|" + "|".join("---" for _ in DOCS_COLUMNS) + "|"]
+    lines = _table_head(DOCS_COLUMNS)
     for r in results:
-        digits = 3 if r.bench else 4     # held-out accuracy vs entropy (nats / token)
-        per_seed = ", ".join(_f(p["diff"], digits) for p in r.per_seed)
-        effect = _f(r.effect, digits) + (f" ({per_seed})" if len(r.per_seed) > 1 else "")
-        t = f"[{_f(r.t_low, digits)}, {_f(r.t_high, digits)}] ({_pct(r.level)} %)" if r.t_low is not None else "—"
-        pb = (f"[{_f(r.problem_low, digits)}, {_f(r.problem_high, digits)}] ({_pct(r.level)} %, {r.problems} "
-              "problems)") if r.problem_low is not None else "—"
-        mde = "—" if r.mde is None else f"{r.mde:.{digits}f}"
-        margin = f", margin +-{r.margin:g}" if r.margin is not None else ""
-        v = f"**{r.verdict}**" + (f" ({r.basis}{margin})" if r.basis != B_NONE else "")
-        claim = f"{r.claim}: {r.arms}" + (f", {r.bench}" if r.bench and r.bench != "heldout" else "")
-        lines.append("| " + " | ".join(esc(c) for c in (claim, _sweep_command(r, claims), str(r.seeds), effect, t,
-                                                         pb, mde, v)) + " |")
+        c = _Cells.of(r)
+        per_seed = ", ".join(_f(p["diff"], c.digits) for p in r.per_seed)
+        effect = _f(r.effect, c.digits) + (f" ({per_seed})" if len(r.per_seed) > 1 else "")
+        level = f"{_pct(r.level)} %"
+        t = f"{c.t} ({level})" if r.t_low is not None else c.t
+        pb = f"{c.problems} ({level}, {r.problems} problems)" if r.problem_low is not None else c.problems
+        v = f"**{r.verdict}**" + (f" ({r.basis}{c.margin})" if r.basis != B_NONE else "")
+        lines.append(_table_row((c.claim, _sweep_command(r, claims), str(r.seeds), effect, t, pb, c.mde, v)))
     return "\n".join(lines) + "\n"
 
 
@@ -635,20 +660,14 @@ def summary_table(results: Sequence[ClaimResult], claims: Sequence[Claim] = CLAI
     paper's own claims only (the entropy-control comparisons stay on the docs page), without the
     per-seed differences."""
     paper = {c.name for c in claims if "entropy_controls" not in c.paper_refs}
-    lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "|".join("---" for _ in SUMMARY_COLUMNS) + "|"]
+    lines = _table_head(SUMMARY_COLUMNS)
     for r in results:
         if r.claim not in paper:
             continue
-        digits = 3 if r.bench else 4
-        t = f"[{_f(r.t_low, digits)}, {_f(r.t_high, digits)}]" if r.t_low is not None else "—"
-        pb = f"[{_f(r.problem_low, digits)}, {_f(r.problem_high, digits)}]" if r.problem_low is not None else "—"
-        mde = "—" if r.mde is None else f"{r.mde:.{digits}f}"
-        margin = f", margin +-{r.margin:g}" if r.margin is not None else ""
-        v = f"**{r.verdict}**" + (f" ({_pct(r.level)} %, {r.basis}{margin})" if r.basis != B_NONE else "")
-        bench = f", {r.bench}" if r.bench and r.bench != "heldout" else ""
-        cells = (f"{r.claim}: {r.arms}{bench}", str(r.seeds), _f(r.effect, digits), t, pb, mde, v,
-                 _sweep_command(r, claims))
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        c = _Cells.of(r)
+        v = f"**{r.verdict}**" + (f" ({_pct(r.level)} %, {r.basis}{c.margin})" if r.basis != B_NONE else "")
+        lines.append(_table_row((c.claim, str(r.seeds), _f(r.effect, c.digits), c.t, c.problems, c.mde, v,
+                                 _sweep_command(r, claims))))
     return "\n".join(lines) + "\n"
 
 

@@ -144,10 +144,19 @@ def shutdown_process_group() -> None:
     Without it a rank can die with SIGABRT ("terminate called without an active exception") after
     its work is done: gloo's worker threads still hold finished work while the interpreter tears
     down (PyTorch documents destroy_process_group at the end of every rank's main). Success path
-    only: a rank that stops on an error while others wait in a collective could block here.
+    only: a rank that stops on an error while others wait in a collective could block here. A group
+    made by ``ensure_process_group`` goes through DeepSpeed's own teardown, which also drops the
+    group references DeepSpeed cached.
     """
-    if td.is_available() and td.is_initialized():
+    if not (td.is_available() and td.is_initialized()):
+        return
+    from deepspeed import comm as ds_comm
+
+    if ds_comm.cdb is not None:
+        ds_comm.destroy_process_group()
+    else:
         td.destroy_process_group()
+
 
 # ----------------------------------------------------------------------------- process-group layout (pure)
 

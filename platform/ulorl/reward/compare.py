@@ -23,7 +23,10 @@ The order of the checks in ``answers_match``:
    (math-verify's numeric test rounds ``2^{1009}/(2^{1009}+2018) - 2^{1009}/(2^{1009}+1009)`` to 0);
    ``\\ln`` and an unsubscripted ``\\log`` are one function when the two sides use one each; a
    reference rounded to two or more decimals accepts an exact non-terminating value that rounds to
-   it (``\\sqrt{2}`` for ``1.41``), never a different decimal.
+   it (``\\sqrt{2}`` for ``1.41``), never a different decimal; decimals and scientific notation
+   compare by value at any magnitude (``ulorl.reward.numerals``; math-verify's fixed decimal places
+   made every pair of values below ~1e-7 equal, opposite signs included), also inside tuples,
+   sets and intervals that math-verify accepted.
 
 Steps 1-6 are string code; step 7 imports sympy / math-verify and is not time-bounded (the
 scorer runs it in worker processes, see ``ulorl.reward.scorer``).
@@ -32,6 +35,7 @@ scorer runs it in worker processes, see ``ulorl.reward.scorer``).
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from itertools import permutations
 from typing import Any, Optional
 
@@ -44,6 +48,7 @@ from ulorl.reward.normalize import (
     strip_escaped_dollars,
     strip_math_delimiters,
 )
+from ulorl.reward.numerals import numeral_value, numerals_equal
 
 _OPEN, _CLOSE = "([{", ")]}"
 _SET_WORDS = re.compile(r"\ball\b|\bsolutions\b|\broots\b|\bvalues\b|\bany order\b|\bzeros\b|\bpossible\b", re.I)
@@ -194,9 +199,10 @@ def fast_verdict(pred: str, reference: str) -> Optional[bool]:
     """A verdict from string code alone, or None when sympy is needed.
 
     Exact either way: two plain integers (after normalisation) are equal iff their digits are
-    (unless a percentage on one side only makes ``100%`` = ``1`` possible); identical normalised
-    strings are equal, words of two or more letters in any case; two option letters are equal iff
-    they are the same.
+    (unless a percentage on one side only makes ``100%`` = ``1`` possible); two decimal or
+    scientific-notation numerals compare by value (``ulorl.reward.numerals``: ``1.6e-19`` is not
+    ``-1.6\\times 10^{-19}``); identical normalised strings are equal, words of two or more letters
+    in any case; two option letters are equal iff they are the same.
     """
     p, r = normalize_answer(pred), normalize_answer(reference)
     if not p or not r:
@@ -207,6 +213,11 @@ def fast_verdict(pred: str, reference: str) -> Optional[bool]:
         if has_percent(pred) != has_percent(reference):
             return None
         return int(p) == int(r)
+    vp, vr = numeral_value(p), numeral_value(r)
+    if vp is not None and vr is not None:  # decimals / scientific notation: by value, never by an absolute epsilon
+        if has_percent(pred) != has_percent(reference):
+            return None
+        return numerals_equal(vp, vr)
     lp, lr = option_letter(p), option_letter(r)
     if lp is not None and lr is not None:
         return lp == lr
@@ -482,10 +493,57 @@ def rounds_to(value: Any, reference: str) -> bool:
         return False
 
 
+def _numeric_leaves(x: Any) -> Optional[list[Decimal]]:
+    """The real constants ``x`` is made of, as decimals (30 digits): a number -> [it]; a tuple,
+    interval or matrix -> its entries in order; a finite set -> its entries by value; ``v = c`` ->
+    those of ``c``. None when ``x`` holds anything else (a variable, a complex value)."""
+    import sympy
+
+    if isinstance(x, sympy.Eq) and isinstance(x.lhs, sympy.Symbol):
+        return _numeric_leaves(x.rhs)
+    if isinstance(x, (sympy.Tuple, sympy.Interval, sympy.MatrixBase)):
+        parts = list(x.args[:2]) if isinstance(x, sympy.Interval) else list(x) if isinstance(
+            x, sympy.MatrixBase) else list(x.args)
+        leaves = [_numeric_leaves(p) for p in parts]
+        return None if any(v is None for v in leaves) else [d for v in leaves for d in v]  # type: ignore[union-attr]
+    if isinstance(x, sympy.FiniteSet):
+        leaves = [_numeric_leaves(p) for p in x.args]
+        if any(v is None or len(v) != 1 for v in leaves):
+            return None
+        return sorted(v[0] for v in leaves)  # type: ignore[index]
+    if isinstance(x, sympy.Expr) and x.is_number and not x.free_symbols:
+        try:
+            val = sympy.N(x, 30)
+            if val.is_real and val.is_finite:
+                return [Decimal(str(val))]
+        except (TypeError, ValueError, ArithmeticError):
+            return None
+    return None
+
+
+def floats_agree(gold: Any, target: Any) -> bool:
+    """False when both sides are numbers (or tuples / sets / intervals of numbers) with a float in
+    them and some pair of entries differs by value (``ulorl.reward.numerals.numerals_equal``):
+    math-verify compares floats to an absolute number of decimals, so ``1.6\\times 10^{-19}`` and
+    ``-1.6\\times 10^{-19}`` pass it. True otherwise (nothing to check)."""
+    import sympy
+
+    if not any(isinstance(e, sympy.Basic) and e.atoms(sympy.Float) for e in (gold, target)):
+        return True
+    a, b = _numeric_leaves(gold), _numeric_leaves(target)
+    if a is None or b is None or len(a) != len(b):
+        return True
+    return all(numerals_equal(x, y) for x, y in zip(a, b))
+
+
 def math_equal(pred: str, reference: str) -> bool:
-    """math-verify's verdict on two short answers, exact for exact constants. Not time-bounded."""
+    """math-verify's verdict on two short answers, exact for exact constants and by value for
+    numerals and floats (``ulorl.reward.numerals``). Not time-bounded."""
     from math_verify import verify
 
+    vp, vr = numeral_value(pred), numeral_value(reference)
+    if vp is not None and vr is not None:
+        return numerals_equal(vp, vr)
     pred, reference = same_log(pred, reference)
     gold, target = parse_answer(reference), parse_answer(pred)
     if not gold or not target:
@@ -494,5 +552,5 @@ def math_equal(pred: str, reference: str) -> bool:
     if exact is not None:
         return exact
     if bool(verify(gold, target, timeout_seconds=None)):
-        return True
+        return floats_agree(gold[0], target[0])
     return rounds_to(target[0], reference)

@@ -37,7 +37,8 @@ def _equal_pairs() -> list[tuple[str, str]]:
     for exp in MAGNITUDES:
         for ref in (f"1.23\\times 10^{{{exp}}}", f"1.23e{exp}"):
             out += [(pred, ref) for pred in _forms("1.23", exp)]
-            out += [(f"12.3\\times 10^{{{exp - 1}}}", ref), (f"0.0123e{exp + 2}", ref), (f"1.230\\times 10^{{{exp}}}", ref)]
+            out += [(f"12.3\\times 10^{{{exp - 1}}}", ref), (f"0.0123e{exp + 2}", ref),
+                    (f"1.230\\times 10^{{{exp}}}", ref)]
     out += [("-1.6\\times 10^{-19}", "-1.6e-19"), ("0.00000000000000000016", "1.6\\times 10^{-19}"),
             ("1.6\\times 10^{-19}", "\\frac{1.6}{10^{19}}"), ("10^{-7}", "0.0000001"),
             ("6.02\\times 10^{23}", "602000000000000000000000")]

@@ -34,6 +34,7 @@ scorer runs it in worker processes, see ``ulorl.reward.scorer``).
 
 from __future__ import annotations
 
+import functools
 import re
 from decimal import Decimal
 from itertools import permutations
@@ -51,7 +52,8 @@ from ulorl.reward.normalize import (
 from ulorl.reward.numerals import numeral_value, numerals_equal
 
 _OPEN, _CLOSE = "([{", ")]}"
-_SET_WORDS = re.compile(r"\ball\b|\bsolutions\b|\broots\b|\bvalues\b|\bany order\b|\bzeros\b|\bpossible\b", re.I)
+_SET_WORDS = re.compile(r"\ball\b|\bsolutions\b|\broots\b|\bvalues\b|\bany order\b|\bzeros\b|\bpossible\b|\bsolve\b",
+                        re.I)
 _ORDER_WORDS = re.compile(r"\border\b|\brespectively\b|\bordered\b|\bin that order\b", re.I)
 _FUNC_DEF = re.compile(r"^([A-Za-z])\s*\(\s*([A-Za-z])\s*\)\s*=\s*(.+)$")
 _OPTION_MARK = re.compile(r"(?:^|[\s$])\(?([A-J])[).:]\s+|\(([A-J])\)\s*")
@@ -102,6 +104,9 @@ def split_items(s: str) -> list[str]:
 
 
 _TUPLE = re.compile(r"^\(.*\)$")
+_NAMED = re.compile(r"^([A-Za-z])(?:_\{?([A-Za-z0-9]+)\}?)?\s*=(?!=)")
+_PM = re.compile(r"\\(?:pm|mp)(?![A-Za-z])")
+_TOKEN = re.compile(r"\\[A-Za-z]+|.", re.S)
 _ASSIGNMENT = re.compile(r"^[A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=[^=]")
 
 
@@ -173,6 +178,55 @@ def function_rhs(s: str) -> Optional[tuple[str, str, str]]:
     """``f(x) = 2x+1`` -> ``("f", "x", "2x+1")``; None if ``s`` is not a one-variable definition."""
     m = _FUNC_DEF.match(s.strip())
     return (m.group(1), m.group(2), m.group(3).strip()) if m else None
+
+
+def named_in_order(items: list[str]) -> Optional[list[str]]:
+    """``y = 2, x = 1`` -> ``["x = 1", "y = 2"]``: named values sorted by name (``a_2`` before
+    ``a_{10}``); None unless every item names a different one-letter variable (optionally subscripted)."""
+    keys = []
+    for x in items:
+        m = _NAMED.match(x.strip())
+        if m is None:
+            return None
+        sub = m.group(2) or ""
+        keys.append((m.group(1), int(sub) if sub.isdigit() else -1, sub))
+    if len(items) < 2 or len(set(keys)) != len(keys):
+        return None
+    return [x for _, x in sorted(zip(keys, items))]
+
+
+def plus_minus_items(pred_items: list[str], ref_items: list[str]) -> Optional[tuple[list[str], list[str]]]:
+    """``\\pm 3`` against ``3, -3`` (or the other way round): the side with one ``\\pm`` (or ``\\mp``)
+    written out as its two values, ``(pred_items, ref_items)``; None when that is not the case."""
+    def expand(items: list[str]) -> Optional[list[str]]:
+        if len(items) != 1 or len(_PM.findall(items[0])) != 1:
+            return None
+        return [_PM.sub("+", items[0]), _PM.sub("-", items[0])]
+
+    if len(ref_items) == 2 and (both := expand(pred_items)) is not None:
+        return both, ref_items
+    if len(pred_items) == 2 and (both := expand(ref_items)) is not None:
+        return pred_items, both
+    return None
+
+
+def rename_parameter(pred: str, reference: str, variable: str, problem: Optional[str] = None) -> Optional[str]:
+    """``c x`` against ``k x`` (variable ``x``): ``pred`` with its one free constant renamed to the
+    reference's (``k x``), for families of functions that name their parameter differently; None
+    unless each side has exactly one one-letter name besides the variable, they differ, and the
+    problem's formulas do not use the prediction's name (then it may be a given constant)."""
+    ours, theirs = _symbols(pred) - {variable}, _symbols(reference) - {variable}
+    if len(ours) != 1 or len(theirs) != 1 or ours == theirs or ours & {"e", "i"} or theirs & {"e", "i"}:
+        return None
+    if problem and ours & _symbols(" ".join(re.findall(r"\$[^$]*\$", problem))):
+        return None
+    old, new = ours.pop(), theirs.pop()
+    return "".join(new if tok == old else tok for tok in _TOKEN.findall(pred))
+
+
+def _symbols(expr: str) -> set[str]:
+    """The one-letter names of a LaTeX expression (``cx`` is ``c`` times ``x``; commands are no names)."""
+    return {tok for tok in _TOKEN.findall(expr) if len(tok) == 1 and tok.isalpha()}
 
 
 def rename_variable(expr: str, old: str, new: str) -> str:
@@ -257,6 +311,13 @@ def _bound(rel: str) -> tuple[bool, bool]:
     return closed, less
 
 
+def _is_bound(s: str) -> bool:
+    """A constant interval end: a number or a constant expression (``\\frac{1}{2}``, ``\\sqrt{3}``,
+    ``2\\pi``, ``-\\infty``); not a variable (the letters of ``\\frac`` are no variable)."""
+    t = normalize_answer(s).replace("\\infty", "1").replace("\\pi", "1")
+    return not _NUMERIC_LEFT.search(t) or is_numeric_expression(t)
+
+
 def inequality_to_interval(s: str) -> Optional[str]:
     """``1 < x \\le 3`` -> ``(1, 3]``; ``x > 2`` -> ``(2, \\infty)``; ``x \\le -1`` -> ``(-\\infty, -1]``;
     None for anything else (two variables, a relation of expressions, mixed directions)."""
@@ -265,8 +326,7 @@ def inequality_to_interval(s: str) -> Optional[str]:
     if m:
         lo, r1, _var, r2, hi = m.groups()
         (c1, l1), (c2, l2) = _bound(r1), _bound(r2)
-        if l1 != l2 or _NUMERIC_LEFT.search(normalize_answer(lo).replace("\\infty", "").replace("\\pi", "")
-                                             + normalize_answer(hi).replace("\\infty", "").replace("\\pi", "")):
+        if l1 != l2 or not (_is_bound(lo) and _is_bound(hi)):
             return None
         if not l1:  # 3 > x > 1
             lo, hi, c1, c2 = hi, lo, c2, c1
@@ -274,7 +334,7 @@ def inequality_to_interval(s: str) -> Optional[str]:
     m = _HALF.match(t)
     if m:
         _var, rel, val = m.groups()
-        if _NUMERIC_LEFT.search(normalize_answer(val).replace("\\infty", "").replace("\\pi", "")):
+        if not _is_bound(val):
             return None
         closed, less = _bound(rel)
         if less:
@@ -317,7 +377,8 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
     if quick is True or (quick is False and not has_percent(reference) and not has_percent(pred)):
         return True if quick else False
     if _WORDS.match(p) and _WORDS.match(r) and max(len(p), len(r)) > 3:
-        return p.lower() == r.lower()  # words are not products of symbols: KILIMANJARO is not an anagram of it
+        # words are not products of symbols: KILIMANJARO is not an anagram of it; a lost space is no new word
+        return re.sub(r"[\s-]", "", p).lower() == re.sub(r"[\s-]", "", r).lower()
     if depth == 0 and has_percent(reference) != has_percent(pred) and is_numeric_expression(p) \
             and is_numeric_expression(r):
         # 10\% may be answered as 10 or as 0.1; 60% is 0.6 (and, as written, 60)
@@ -350,9 +411,18 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
             if stated or answers_match(alts[0], alts[1], None, depth + 1):  # "or": one value, two forms
                 return any(answers_match(p, a, None, depth + 1) for a in alts)
     ref_items, pred_items = split_items(unwrap_set(r)), split_items(unwrap_set(p))
+    if depth == 0 and len(ref_items) != len(pred_items):
+        pm = plus_minus_items(pred_items, ref_items)
+        if pm is not None:  # "\\pm 3" against "3, -3": both values, in any order
+            return items_match(*pm, True, depth)
     if (len(ref_items) > 1) != (len(pred_items) > 1):  # (1, 2, 3) vs 1, 2, 3
         single, many = (ref_items, pred_items) if len(ref_items) == 1 else (pred_items, ref_items)
         inner = enclosed_items(single[0])
+        named = named_in_order(many)
+        if inner is not None and named is not None and len(inner) == len(named):
+            # "x = 1, y = 2" against "(1, 2)": the names give the order (alphabetical, as a tuple lists them)
+            ref_items, pred_items = (inner, named) if single is ref_items else (named, inner)
+            return items_match(pred_items, ref_items, False, depth)
         if inner is not None and len(inner) == len(many) and (
                 len(many) >= 3 or (problem is not None and _PAIR_WORDS.search(problem))):
             ref_items, pred_items = (inner, many) if single is ref_items else (many, inner)
@@ -376,7 +446,11 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
     if fp is not None and fr is not None:
         if fp[1] != fr[1] and rename_variable(fp[2], fr[1], "\0") != fp[2]:
             return False  # f(y) = 2x: the reference's variable is free in the prediction
-        return math_equal(rename_variable(fp[2], fp[1], fr[1]), fr[2])
+        rhs = rename_variable(fp[2], fp[1], fr[1])
+        if math_equal(rhs, fr[2]):
+            return True
+        renamed = rename_parameter(rhs, fr[2], fr[1], problem)  # f(x) = cx against f(x) = kx
+        return renamed is not None and math_equal(renamed, fr[2])
     return math_equal(p, r)
 
 
@@ -402,11 +476,24 @@ def items_match(pred_items: list[str], ref_items: list[str], as_set: bool, depth
 
 
 # ---- sympy / math-verify (worker side) ---------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _extraction_config() -> tuple[Any, ...]:
+    """math-verify's default extraction targets, with its unit removal off (see ``parse_answer``)."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, LatexNormalizationConfig
+
+    latex = LatexExtractionConfig(normalization_config=LatexNormalizationConfig(
+        basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all", equations=False))
+    return (latex, ExprExtractionConfig())
+
+
 def parse_answer(text: str) -> list[Any]:
     """Parse a short answer into math-verify's representation; [] = unparseable.
 
     Bare LaTeX such as ``\\frac12`` parses to nothing unless delimited, so the text is tried as
-    ``\\boxed{text}`` first, then as plain text, then inside ``$...$``.
+    ``\\boxed{text}`` first, then as plain text, then inside ``$...$``. math-verify's own unit
+    removal is off: it drops a trailing one-letter "unit" (``t``, ``c``, ``m``, ``s`` ...) after a
+    space or a brace, so ``\\frac{1}{m} t`` read as ``1/m`` and ``x + c`` as ``x +``; the decorations of
+    numbers are removed before (``ulorl.reward.normalize``).
     """
     from math_verify import parse
 
@@ -418,7 +505,7 @@ def parse_answer(text: str) -> list[Any]:
     else:
         candidates = [f"\\boxed{{{s}}}", s, f"${s}$"]
     for cand in candidates:
-        parsed = parse(cand, parsing_timeout=None)
+        parsed = parse(cand, extraction_config=_extraction_config(), parsing_timeout=None)
         if parsed:
             return parsed
     return []

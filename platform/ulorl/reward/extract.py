@@ -92,18 +92,20 @@ def extract_last_boxed(text: str) -> Optional[str]:
 _BOX_GAP = re.compile(r"^(?:\s|[,;$.]|\\quad|\\qquad|\\[,;!]|\\[\[\]()]"
                       r"|\\text\s*\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*$")
 # ... or a separator and the label of the next box: "max \boxed{3}, min \boxed{1}", "x = \boxed{3}, y = \boxed{4}".
-_LABEL_GAP = re.compile(r"^[\s$]*[,;][\s$]*(?:and\s+)?"
-                        r"(?P<label>\\text\s*\{[^{}]{1,24}\}|\\[A-Za-z]+|[A-Za-z]+(?: [A-Za-z]+)?"
+_LABEL_GAP = re.compile(r"^[\s$]*(?:[,;][\s$]*(?:and\s+)?|,?\s*\band\s+)"
+                        r"(?P<label>\\text\s*\{[^{}]{1,24}\}|\\[A-Za-z]+|[A-Za-z]+(?: [A-Za-z]+){0,2}"
                         r"(?:_\{?[A-Za-z0-9]+\}?)?)\s*(?:[:=]|\bis\b)?[\s$]*(?:\\[(\[])?\s*$")
 # Words that make the next box a correction, a new step or a restatement ("which is answer choice
 # \boxed{(B)}"), not a labelled part of one answer.
 _NOT_A_LABEL = frozenset("then so but not no wait actually correction instead hence therefore thus sorry oops "
                          "however rather again finally next now which that answer choice option i e ie or "
-                         "equivalently namely".split())
+                         "equivalently namely correct corrected revised".split())
 _MAX_BOX_GAP = 60
 _MAX_JOINED_BOXES = 16  # one final answer has a few parts; a run of hundreds of boxes is not one answer
 _ANSWER_MARK = re.compile(
     r"(?:final\s+answer|the\s+(?:(?:correct|best|right)\s+(?:answer|option|choice)|answer)"
+    r"(?:\s+to\s+(?:the|this|our)\s+(?:given\s+|original\s+)?(?:question|problem))?"
+    r"(?=\**\s*(?:is\b|would\s+be|should\s+be|must\s+be|[:=]))"
     r"|^[ \t*#]*answer|\*\*\s*answer|(?<=[.!?]\s)answer(?=\**\s*:))"
     r"\**\s*(?:is|would\s+be|should\s+be|must\s+be|[:=])?\s*:?\s*\**\s*",
     re.IGNORECASE | re.MULTILINE,
@@ -185,7 +187,7 @@ def _statement_value(tail: str) -> Optional[str]:
     span = _math_span(t)
     if span is not None:
         return span or None
-    m = re.search(r"\n|(?<!\d)\.(?=\s|$)|\.(?=\s+[A-Z])|[!?](?=\s|$)|\s+I hope\b", t)
+    m = re.search(r"\n|(?<!\d)\.(?=\s|$)|\.(?=\s+[A-Z])|(?<![\d)}!])!(?=\s|$)|\?(?=\s|$)|\s+I hope\b", t)
     value = (t[: m.start()] if m else t).strip().strip("*").strip()
     value = value.rstrip(".").strip()
     return value if value and len(value) <= _MAX_STATEMENT_CHARS else None
@@ -213,20 +215,21 @@ def extract_final_statement(text: str, problem: Optional[str] = None) -> Optiona
         lm = _LONE_LETTER.match(last)
         if lm:
             return lm.group(1)
-        if problem:
-            return closing_statement(s, problem)
+        return bold_closing_value(s) or closing_display(s) or closing_statement(s, problem)
     return None
 
 
 _CUE = r"(?:therefore|thus|hence|so|in conclusion|in total|in all|altogether|consequently|finally|overall)"
 _VERB = (r"(?:is|are|was|were|equals|=|must be|will be|would be|should be|has|have|had|gets?|needs?|takes?|"
          r"makes?|weighs?|costs?|measures?|comes? to)")
-_VALUE = (r"(?P<value>\$[^$]{1,80}\$|\\\((?:(?!\\\)).){1,80}\\\)|\([A-J]\)|(?<![\w.])[A-J](?=\s*[.!]$)"
-          r"|[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)")
+_ITEM = r"(?:\$[^$]{1,80}\$|\\\((?:(?!\\\)).){1,80}\\\)|[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?!?)"
+# one value, or several ("3 and 5", "$1$, $2$, and $4$"), or an option letter
+_VALUE = (rf"(?P<value>{_ITEM}(?:(?:\s*,\s*(?:and\s+)?|\s+and\s+){_ITEM}){{0,7}}|\([A-J]\)"
+          r"|(?<![\w.])[A-J](?=\s*[.!]$))")
 _CLOSING = re.compile(
     rf"^(?:\*\*)?(?:(?P<cue>{_CUE})\b\s*,?\s*)?(?P<subject>[^.!?$=]{{3,160}}?)\s+{_VERB}\s+"
     r"(?:equal to\s+|exactly\s+|approximately\s+|about\s+|a total of\s+|only\s+|option\s+|choice\s+)?"
-    rf"{_VALUE}(?P<unit>(?:\s+[A-Za-z][A-Za-z-]*\.?){{0,3}})\s*(?:\*\*)?\s*[.!]$",
+    rf"{_VALUE}(?P<unit>(?:\s+[A-Za-z][A-Za-z-]*\.?){{0,3}})\s*(?:\*\*)?\s*(?:\.|(?<![\d}}])!)$",
     re.IGNORECASE,
 )
 _NOT_UNIT = frozenset("the a an of times more less than as per and or to in for by from with at on if when because "
@@ -255,7 +258,20 @@ def _question_words(problem: str) -> set[str]:
     return set(_content_words(" ".join(asks or sentences[-1:])))
 
 
-def closing_statement(text: str, problem: str) -> Optional[str]:
+_GOAL = re.compile(
+    r"\b(?:to|we\s+(?:need|want|have)\s+to|we\s+are\s+asked\s+to|let(?:'s|\s+us)|i\s+(?:need|want)\s+to)\s+"
+    r"(?:find|determine|compute|calculate|evaluate)\s+(?P<goal>[^.,;:$\n]{3,100})", re.IGNORECASE)
+_MAX_GOAL_OFFSET = 400
+
+
+def goal_words(text: str) -> set[str]:
+    """Content words of what the response sets out to find in its opening ("To find the area of
+    the square, ..." -> {area, square}); empty when its first lines state no such goal."""
+    m = _GOAL.search(text[:_MAX_GOAL_OFFSET])
+    return set(_content_words(m.group("goal"))) if m else set()
+
+
+def closing_statement(text: str, problem: Optional[str]) -> Optional[str]:
     """The value of the response's closing sentence, or None.
 
     "Therefore, the length of the side is 20 centimeters." -> ``20 centimeters`` when the problem
@@ -282,15 +298,59 @@ def closing_statement(text: str, problem: str) -> Optional[str]:
     if m.group("cue") is None and not (letter and value.startswith("(")):
         return None
     subject = _content_words(m.group("subject"))
-    if not subject or subject[0] not in _question_words(problem):
+    if not subject or subject[0] not in (_question_words(problem) if problem else goal_words(text)):
         return None
     if letter:
         return letter.group(1)
     units = [w for w in m.group("unit").split() if w.lower().rstrip(".") not in _NOT_UNIT]
     if len(units) != len(m.group("unit").split()):
         return None  # "20 times the side": not a value with units
-    value = value[1:-1] if value.startswith("$") else value[2:-2] if value.startswith("\\(") else value
-    return (value.strip() + (" " + " ".join(units) if units else "")).strip()
+    items = re.findall(_ITEM, value)
+    if len(items) > 1:  # several values: their list (no units)
+        return None if units else ", ".join(_unwrap_math(x) for x in items)
+    return (_unwrap_math(value) + (" " + " ".join(units) if units else "")).strip()
+
+
+def _unwrap_math(value: str) -> str:
+    v = value.strip()
+    return (v[1:-1] if v.startswith("$") else v[2:-2] if v.startswith("\\(") else v).strip()
+
+
+# M: "..., the total is **42**." -- a value in bold that ends the response's last sentence
+_BOLD_CLOSING = re.compile(r"(?:\bis|\bare|\bequals|\bbe|=|:)\s*\*\*(?P<value>[^*\n]{1,80})\*\*\s*\.?\s*$")
+_BOLD_VALUE = re.compile(r"\$[^$]+\$|\\\(.+\\\)|[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?|\([A-J]\)")
+
+
+def bold_closing_value(text: str) -> Optional[str]:
+    """The bold value that ends the last sentence (``Therefore, the total is **42**.``): a number,
+    a math span or an option letter in brackets after "is" / "are" / "=" / ":"; else None."""
+    last = text.rstrip().split("\n")[-1]
+    m = _BOLD_CLOSING.search(last)
+    if m is None or not _BOLD_VALUE.fullmatch(m.group("value").strip()):
+        return None
+    value = _unwrap_math(m.group("value"))
+    letter = re.fullmatch(r"\(([A-J])\)", value)
+    return letter.group(1) if letter else value or None
+
+
+# O: a response that ends with a displayed formula introduced by a conclusion ("Thus,\n$$x = 5$$")
+_DISPLAY_END = re.compile(r"(?:\$\$(?P<a>[^$]{1,120})\$\$|\\\[(?P<b>(?:(?!\\\]).){1,120})\\\])\s*\.?\s*$", re.S)
+_DISPLAY_LEAD = re.compile(rf"(?:^|[.!?]\s+|\n)(?:\*\*)?{_CUE}\b[^.!?$\n]{{0,80}}[:,]?\s*$", re.IGNORECASE)
+
+
+def closing_display(text: str) -> Optional[str]:
+    """The formula of a final display (``$$...$$`` / ``\\[...\\]``) that a conclusion word introduces
+    and nothing follows; one relation at most (``x = 5``), no derivation chain. Else None."""
+    t = text.rstrip()
+    m = _DISPLAY_END.search(t)
+    if m is None:
+        return None
+    formula = (m.group("a") or m.group("b") or "").strip().rstrip(".").strip()
+    if (not formula or formula.count("=") > 1 or re.search(r"\\(?:implies|Rightarrow|Longrightarrow)|\\\\|&|[<>]",
+                                                          formula)):
+        return None
+    lead = t[max(0, m.start() - 120):m.start()]
+    return formula if _DISPLAY_LEAD.search(lead) else None
 
 
 def extract_answer(text: str, mode: str = "boxed", problem: Optional[str] = None) -> Optional[str]:

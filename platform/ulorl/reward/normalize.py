@@ -293,7 +293,18 @@ def _normalize(s: str) -> str:
     t = unwrap_whole_text(t)
     t = unwrap_text_number(t)
     t = scientific_to_latex(t)
-    return strip_number_decorations(t)
+    return unwrap_text_symbols(strip_number_decorations(t))
+
+
+# "\text{ML}", "\mathrm{A}": points / segments (capitals) set in text; lower case may be a unit ("\mathrm{~m}")
+_TEXT_SYMBOL = re.compile(r"\\(?:text|textrm|mathrm|mbox)\s*\{\s*([A-Z]{1,4}'*)\s*\}")
+
+
+def unwrap_text_symbols(s: str) -> str:
+    """``\\text{ML} \\perp \\text{NK}`` -> ``ML \\perp NK``: symbols (up to four capitals: points,
+    segments) set in a text group, inside a longer answer; words and units stay as they are.
+    Runs after a number's decorations are gone, so ``5 \\text{A}`` has already lost its unit."""
+    return _TEXT_SYMBOL.sub(r"\1", s) if "\\" in s and _TEXT_SYMBOL.search(s) else s
 
 
 def join_math_items(s: str) -> str:

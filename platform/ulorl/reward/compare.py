@@ -254,9 +254,10 @@ def fast_verdict(pred: str, reference: str) -> Optional[bool]:
 
     Exact either way: two plain integers (after normalisation) are equal iff their digits are
     (unless a percentage on one side only makes ``100%`` = ``1`` possible); two decimal or
-    scientific-notation numerals compare by value (``ulorl.reward.numerals``: ``1.6e-19`` is not
-    ``-1.6\\times 10^{-19}``); identical normalised strings are equal, words of two or more letters
-    in any case; two option letters are equal iff they are the same.
+    scientific-notation numerals of the same value are equal (``ulorl.reward.numerals``; a mismatch
+    is left to ``math_equal``, which decides it the same way, so a judge may still be asked about
+    ``27cm`` against ``0.27m``); identical normalised strings are equal, words of two or more
+    letters in any case; two option letters are equal iff they are the same.
     """
     p, r = normalize_answer(pred), normalize_answer(reference)
     if not p or not r:
@@ -268,10 +269,8 @@ def fast_verdict(pred: str, reference: str) -> Optional[bool]:
             return None
         return int(p) == int(r)
     vp, vr = numeral_value(p), numeral_value(r)
-    if vp is not None and vr is not None:  # decimals / scientific notation: by value, never by an absolute epsilon
-        if has_percent(pred) != has_percent(reference):
-            return None
-        return numerals_equal(vp, vr)
+    if vp is not None and vr is not None and has_percent(pred) == has_percent(reference) and numerals_equal(vp, vr):
+        return True  # decimals / scientific notation by value; a mismatch goes on (units: a judge's case)
     lp, lr = option_letter(p), option_letter(r)
     if lp is not None and lr is not None:
         return lp == lr

@@ -193,7 +193,8 @@ def test_full_disk_during_training_explains_itself_and_the_run_resumes(tmp_path)
                                 f"holding {ckpts} (0.0 MiB free); its temporary folder was removed and the last "
                                 f"checkpoint {ckpts / 'step_000001'} is intact; free space there, then continue "
                                 "the run with --resume:"), lines[-3:]
-    assert lines[-1] == f"  ulorl-train {QUICK} --resume {runroot / 'run'}"
+    assert lines[-1] == (f"  ulorl-train {QUICK} train.max_steps=2 {' '.join(TINY)} --tracking-uri {uri} "
+                         f"--resume {runroot / 'run'}")   # the run's overrides kept: pasted as printed, it resumes
     assert not [p for p in r["after_full"] if ".tmp" in p], r["after_full"]   # no temporary folder left
     assert r["latest"] == "step_000001"
     assert r["resume_rc"] == 0, r["resume_err"]

@@ -124,7 +124,9 @@ def test_dashboard_sweep_dry_run_and_vllm_env_json_are_one_document(tmp_path, ca
 
 def test_tables_json_is_one_document(tmp_path, capfd):
     from ulorl.cli import tables
+    from ulorl.tracking import prepare_store
 
+    prepare_store(f"sqlite:///{tmp_path}/empty.db")   # an empty store (a missing one is refused)
     assert tables.main(["--tracking-uri", f"sqlite:///{tmp_path}/empty.db", "--out", str(tmp_path / "o"),
                         "--json"]) == 0
     assert "tables" in _one_document(capfd)

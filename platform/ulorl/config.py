@@ -380,10 +380,40 @@ class EvalConfig(_Section):
         return self
 
 
+def path_component_problem(name: Any) -> Optional[str]:
+    """Why ``name`` is not one folder name (None when it is): run and sweep names become a folder under
+    their output folder, so a separator, ``.``/``..``, an absolute path or an empty name would put files
+    outside it (or nowhere)."""
+    if not isinstance(name, str) or not name.strip():
+        return "is empty"
+    if name in (".", ".."):
+        return f"is {name!r}, which names no folder of its own"
+    bad = [c for c in ("/", "\\", "\0") if c in name]
+    if bad:
+        return f"contains {bad[0]!r}"
+    return None
+
+
+def check_path_component(name: Any, where: str) -> None:
+    """Raise ``ValueError`` when ``name`` is not one path component (see :func:`path_component_problem`);
+    ``where`` says which folder the name becomes."""
+    why = path_component_problem(name)
+    if why:
+        raise ValueError(f"must be one folder name, as it names {where}: this one {why}; use letters, digits, "
+                         "'-', '_' and '.' (e.g. my_run)")
+
+
 class ExperimentConfig(_Section):
     """One experiment: every section, with cross-section checks."""
 
-    name: str = Field("experiment", description="experiment name (default: the YAML file's stem)")
+    name: str = Field("experiment", description="experiment name (default: the YAML file's stem); one folder "
+                      "name: the run's folder is train.output_dir/<name>/<timestamp>")
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder(cls, v: str) -> str:
+        check_path_component(v, "the run's folder under train.output_dir")
+        return v
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
     rollout: RolloutConfig = RolloutConfig()
@@ -486,12 +516,39 @@ def config_from_dict(data: dict[str, Any], source: str = "<dict>") -> Experiment
         raise ConfigError(_format_errors(err, source)) from None
 
 
+def yaml_file_problem(p: Path, what: str) -> Optional[str]:
+    """Why ``p`` cannot be read as a ``what`` YAML file (None when it is a file): it does not exist, or it
+    is a folder (its YAML files are named)."""
+    if p.is_dir():
+        found = sorted(x.name for x in p.glob("*.y*ml"))
+        listed = (f"; it holds {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}" if found
+                  else "; it holds no .yaml file")
+        return f"{what} {p} is a folder, not a file: give one YAML file{listed}"
+    if not p.is_file():
+        return f"{what} file not found: {p}"
+    return None
+
+
+def read_utf8_text(p: Path) -> str:
+    """The text of ``p`` decoded as UTF-8; else ``ConfigError`` naming the file, the line and the byte,
+    with the conversion command."""
+    raw = p.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        fixed = p.with_name(f"{p.stem}.utf8{p.suffix}")
+        raise ConfigError(f"{p}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); YAML files must be UTF-8: "
+                          f"convert it, e.g. iconv -f latin1 -t utf-8 {p} > {fixed}") from None
+
+
 def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"experiment file not found: {p}")
+    problem = yaml_file_problem(p, "experiment")
+    if problem:
+        raise ConfigError(problem)
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(read_utf8_text(p)) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -81,21 +83,57 @@ def _load_model(name: str, args: argparse.Namespace) -> Any:
     return ModelHandle(name=name, engine=engine, tokenizer=tok)
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """True when ``a`` and ``b`` name one file (the same path, a symlink or a hard link to it)."""
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:   # one of them does not exist yet: not the same file
+        return False
+
+
+def check_paths(inp: Path, outputs: list[tuple[str, Optional[Path]]]) -> None:
+    """Refuse, before any work, an input that is not a file and an output (``(flag, path)``; None = not
+    asked for) that is a folder, the input itself, or the same file as another output."""
+    if inp.is_dir():
+        raise CleanCliError(f"input {inp} is a folder; give the JSONL file to clean")
+    if not inp.is_file():
+        raise CleanCliError(f"input file not found: {inp}")
+    seen: list[tuple[str, Path]] = []
+    for flag, path in outputs:
+        if path is None:
+            continue
+        if path.is_dir():
+            raise CleanCliError(f"{flag} {path} is a folder; give a file path, e.g. {path / 'clean.jsonl'}"
+                                if flag == "--out" else f"{flag} {path} is a folder; give a file path")
+        if _same_file(path, inp):
+            raise CleanCliError(f"{flag} {path} would overwrite the input {inp}; give another path (ulorl-clean never "
+                                "changes its input)")
+        for other_flag, other in seen:
+            if _same_file(path, other):
+                raise CleanCliError(f"{flag} {path} is also {other_flag}: one would overwrite the other; give each "
+                                    "its own path")
+        if path.parent.exists() and not path.parent.is_dir():
+            raise CleanCliError(f"{flag} {path}: {path.parent} is a file, not a folder")
+        seen.append((flag, path))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from ulorl.data.clean import clean_file, read_rows, write_jsonl
+    from ulorl.data.clean import clean_file, read_rows, write_jsonl, write_text_atomic
     from ulorl.data.jsonl import DataError
 
     inp = Path(args.input)
     out = Path(args.out)
-    if not inp.is_file():
-        raise CleanCliError(f"input file not found: {inp}")
-    if out.resolve() == inp.resolve():
-        raise CleanCliError(f"--out {out} would overwrite the input")
+    check_paths(inp, [("--out", out)])   # a folder first: the default report's name comes from the file's
+    report_path = Path(args.report) if args.report else out.with_name(out.stem + ".report.json")
+    report_flag = "--report" if args.report else "--report (default <out stem>.report.json)"
+    check_paths(inp, [("--out", out), (report_flag, report_path),
+                      ("--dropped", Path(args.dropped) if args.dropped else None)])
     if args.max_answer_chars < 1:
         raise CleanCliError(f"--max-answer-chars must be >= 1, got {args.max_answer_chars}")
     if args.too_easy_k < 0:
         raise CleanCliError(f"--too-easy-k must be >= 0, got {args.too_easy_k}")
-    report_path = Path(args.report) if args.report else out.with_name(out.stem + ".report.json")
     consensus_names = [m.strip() for m in (args.consensus_models or "").split(",") if m.strip()]
 
     strong = judge = scorer = None
@@ -130,15 +168,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if scorer is not None:
             scorer.close()
 
-    write_jsonl(kept, out)
     rep = report.to_dict()
     rep["settings"]["output"] = str(out)
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(rep, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    dropped_rows: list[dict[str, Any]] = []
     if args.dropped:
         by_line = {r.line: r.data for r in read_rows(inp)}
-        write_jsonl([{**by_line[d["line"]], "_drop_reason": d["reason"], "_drop_detail": d["detail"]}
-                     for d in rep["dropped_rows"]], args.dropped)
+        dropped_rows = [{**by_line[d["line"]], "_drop_reason": d["reason"], "_drop_detail": d["detail"]}
+                        for d in rep["dropped_rows"]]
+    writes: list[tuple[Path, Callable[[], None]]] = [
+        (out, lambda: write_jsonl(kept, out)),
+        (report_path, lambda: write_text_atomic(report_path, json.dumps(rep, indent=2, ensure_ascii=False) + "\n")),
+    ]
+    if args.dropped:
+        writes.append((Path(args.dropped), lambda: write_jsonl(dropped_rows, args.dropped)))
+    for path, write in writes:   # each file whole or not at all (written beside it, then renamed)
+        try:
+            write()
+        except OSError as exc:
+            raise CleanCliError(f"cannot write {path}: {exc.strerror or exc}") from None
     summary = {k: v for k, v in rep.items() if k != "dropped_rows"}
     summary.update({"output": str(out), "report": str(report_path), "dropped_file": args.dropped})
     table = report.table()

@@ -8,6 +8,7 @@ The process becomes the Streamlit server (exec), so its PID is the server's: SIG
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import socket
 import sys
@@ -41,6 +42,16 @@ def port_in_use(address: str, port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def is_loopback(address: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def streamlit_command(app: Path, port: int, address: str = "127.0.0.1") -> list[str]:
@@ -85,6 +96,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"ulorl-dashboard: port {port} on {args.address} is in use; pass another --port (0 = any free)",
               file=sys.stderr)
         return 2
+    from ulorl.cli.checks import tracking_uri_problem, uri_source
+
+    problem = tracking_uri_problem(uri, uri_source(args.tracking_uri))
+    if problem:
+        print(f"ulorl-dashboard: {problem}", file=sys.stderr)
+        return 2
+    if not is_loopback(args.address):
+        print(f"ulorl-dashboard: warning: --address {args.address} serves the MLflow store {uri} (every run, its "
+              f"params, metrics and sampled text) without authentication to anyone who can reach this machine on "
+              f"port {port}; to look from another machine, keep the default 127.0.0.1 and tunnel: "
+              f"ssh -L {port}:127.0.0.1:{port} <this host>", file=sys.stderr)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         print(f"ulorl-dashboard: no MLflow store at {uri[len('sqlite:///'):]} yet; the pages show an empty "
               "state until runs are written (ulorl-train experiments/quickstart.yaml)", file=sys.stderr)

@@ -232,6 +232,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from ulorl.tracking import resolve_tracking_uri, schema
 
     uri = resolve_tracking_uri(args.tracking_uri)
+    if not args.no_mlflow or _RUNS_URI.match(args.model):   # before any model work: a URI MLflow cannot open
+        from ulorl.cli.checks import tracking_uri_problem, uri_source
+
+        problem = tracking_uri_problem(uri, uri_source(args.tracking_uri))
+        if problem:
+            raise EvalCliError(problem)
     bench = bench_name_of(args.benchmark)
     rope_scaling = rope_scaling_of(args)
     experiment = args.experiment if args.no_mlflow else experiment_for(args, uri)

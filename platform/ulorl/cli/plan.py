@@ -79,6 +79,15 @@ def architecture_of(name_or_path: str) -> Architecture | None:
 USABLE_GPU_FRACTION = 0.9
 #: prompt tokens assumed on top of ``rollout.max_response_len`` for the longest row
 PROMPT_ALLOWANCE = 1024
+#: host bytes per token of a step's batch, which every trainer process holds whole (train/batch.py,
+#: train/update.py): int32 ids, attention mask and token versions, fp32 SAIS log-probs, a bool response
+#: mask (17); the pre-update pass's fp32 current and old log-probs and entropy, bool MPT / loss / control
+#: masks (17)
+STEP_BATCH_BYTES_PER_TOKEN = 34
+#: host memory the step's batch may fill: one 8-GPU node's (2 TiB, a DGX H100's); beyond it no node holds it
+HOST_MEMORY_GIB = 2048.0
+#: rollout rows per step up to which the step time is simulated (the paper's 128 x 8 = 1024 is well inside)
+MAX_SIMULATED_ROWS = 65536
 
 
 def trainer_memory(cfg: ExperimentConfig, arch: Architecture) -> dict[str, Any]:
@@ -111,6 +120,9 @@ def trainer_memory(cfg: ExperimentConfig, arch: Architecture) -> dict[str, Any]:
     act = act_ckpt if t.gradient_checkpointing else act_full
     total = weights + grads + optim + gather + act + head
     gpu = res.gpu_memory_gib
+    step_batch = cfg.rollout.prompts_per_step * cfg.rollout.group_size * row * STEP_BATCH_BYTES_PER_TOKEN
+    gpu_fits = total / GIB <= USABLE_GPU_FRACTION * gpu
+    batch_fits = step_batch / GIB <= HOST_MEMORY_GIB
     return {
         "trainer_weights_per_gpu": round(weights / GIB, 1),
         "trainer_grads_per_gpu": round(grads / GIB, 1),
@@ -123,9 +135,15 @@ def trainer_memory(cfg: ExperimentConfig, arch: Architecture) -> dict[str, Any]:
         "trainer_logits_chunk_per_gpu": round(head / GIB, 2),
         "trainer_peak_per_gpu": round(total / GIB, 1),
         "trainer_gpu_memory": gpu,
-        "trainer_fits": bool(total / GIB <= USABLE_GPU_FRACTION * gpu),
+        "trainer_step_batch_host": round(step_batch / GIB, 1),
+        "trainer_fits": bool(gpu_fits and batch_fits),
         "trainer_note": f"gradient_checkpointing={t.gradient_checkpointing}, sequence_parallel={sp}, "
-                        f"zero_stage={stage}; fits = peak <= {USABLE_GPU_FRACTION:.0%} of gpu_memory_gib",
+                        f"zero_stage={stage}; fits = peak <= {USABLE_GPU_FRACTION:.0%} of gpu_memory_gib and the "
+                        f"step's batch (rollout rows x {row} tokens x {STEP_BATCH_BYTES_PER_TOKEN} bytes, in host "
+                        f"memory on every trainer process) <= {HOST_MEMORY_GIB:.0f} GiB (one 8-GPU node's memory)"
+                        + ("" if batch_fits else
+                           f"; DOES NOT FIT: {step_batch / GIB:.3g} GiB of step batch: lower rollout.prompts_per_step"
+                           " x rollout.group_size"),
     }
 
 
@@ -210,6 +228,9 @@ def predict_step_times(cfg: ExperimentConfig, segment_counts: tuple[int, ...] = 
     r = cfg.rollout
     if r.max_response_len < 4096:
         return {"note": "tiny CPU setting: measure with `ulorl-bench rollout` and `ulorl-sim validate` instead"}
+    if r.prompts_per_step * r.group_size > MAX_SIMULATED_ROWS:
+        return {"note": f"not simulated: {r.prompts_per_step * r.group_size} rollout rows per step (the simulator "
+                        f"takes up to {MAX_SIMULATED_ROWS})"}
     cost = CostModel(**run_paper(steps=steps)["fit"]["overhead"])
     dist = paper_lengths(max_len=r.max_response_len)
     out: dict[str, Any] = {"cost_model": "flat GPU cost fitted to the paper's Table 1 (S=1: 1240 s, S=2: 774 s)"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from ulorl.jsonout import emit_json, json_command
@@ -25,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "The console shows one line per trial (a live table on a terminal; a line per state change in a\n"
                 "pipe or file); everything Ray, Tune and the trials print goes to\n"
                 "<output-dir>/sweeps/<name>/sweep.log.\n"
-                "Ctrl-C stops the sweep (exit 130, parent run KILLED) and prints the --resume command."),
+                "Ctrl-C (or SIGTERM) stops the sweep (exit 130, or 143; parent run KILLED), stops its tracking\n"
+                "server and prints the --resume command; the tracking server never outlives the driver."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("sweep", help="sweep spec YAML (see sweeps/)")
@@ -71,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         spec, base_path, _ = load_sweep(args.sweep)
         if args.seeds is not None:
             spec = with_seed_offsets(spec, args.seeds)
+        if args.num_cpus is not None and args.num_cpus < 1:
+            raise SweepError(f"--num-cpus must be at least 1, got {args.num_cpus}; leave it out to give Ray every "
+                             f"CPU of this machine ({os.cpu_count()})")
     except SweepError as exc:
         print(f"ulorl-sweep: {exc}", file=sys.stderr)
         return 2
@@ -102,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
                        "baseline": spec.baseline.model_dump() if spec.baseline else None, "trials": trials},
                       default=str)
         return 0
+    from ulorl.cli.checks import tracking_uri_problem, uri_source
     from ulorl.sweep.launch import SweepAlreadyFinished, SweepInterrupted, SweepRunner
     from ulorl.sweep.ranking import print_summary
-    from ulorl.tracking import TrackingStoreError
+    from ulorl.tracking import TrackingStoreError, resolve_tracking_uri
+
+    problem = tracking_uri_problem(resolve_tracking_uri(args.tracking_uri), uri_source(args.tracking_uri))
+    if problem:
+        print(f"ulorl-sweep: {problem}", file=sys.stderr)
+        return 2
 
     try:
         runner = SweepRunner(args.sweep, tracking_uri=args.tracking_uri, address=args.address,
@@ -117,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except SweepInterrupted as exc:
         _report_interrupted(exc, args)
-        return 130
+        return 128 + exc.signum   # 130 Ctrl-C, 143 SIGTERM
     except SweepAlreadyFinished as exc:
-        print(f"ulorl-sweep: sweep {spec.name} already finished (parent run {exc.parent_run_id}, {exc.sweep_dir}); "
-              "nothing to resume, nothing logged again. Its result:")
         summary = runner.finished_summary(exc.parent_run_id)
+        print(f"ulorl-sweep: sweep {spec.name} already finished: {summary['trials_done']}/{summary['trials_planned']} "
+              f"trials done (parent run {exc.parent_run_id}, {exc.sweep_dir}); nothing to resume, nothing logged "
+              "again. Its result:")
         if args.json:
             emit_json(summary, default=str)
         else:

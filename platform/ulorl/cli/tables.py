@@ -56,6 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _folder_problem(folder: Path) -> Optional[str]:
+    """Why ``folder`` cannot be an output folder (None when it is one or can be created): it, or the first
+    of its parents that exists, is a file."""
+    for p in (folder, *folder.parents):
+        if p.exists():
+            if p.is_dir():
+                return None
+            return "is a file" if p == folder else f"is inside {p}, which is a file"
+    return None
+
+
 def _from_results(args: argparse.Namespace) -> int:
     """``--results``: claims.md / claims.json and the figures from results files alone."""
     from ulorl.report.claims import update_docs, write_claims
@@ -104,16 +115,29 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("ulorl-tables: error: --docs needs --results (the docs table comes from the results files)",
               file=sys.stderr)
         return 2
+    for flag, folder in (("--out", args.out), ("--export-results", args.export_results)):
+        problem = _folder_problem(Path(folder)) if folder is not None else None
+        if problem:
+            print(f"ulorl-tables: error: {flag} {folder} {problem}; give a folder (created when missing)",
+                  file=sys.stderr)
+            return 2
     if args.results:
         return _from_results(args)
+    from ulorl.cli.checks import tracking_uri_problem, uri_source
     from ulorl.tracking import resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri)
-    if uri.startswith("sqlite:///"):
+    problem = tracking_uri_problem(uri, uri_source(args.tracking_uri))
+    if problem:
+        print(f"ulorl-tables: error: {problem}", file=sys.stderr)
+        return 2
+    if uri.startswith("sqlite:///"):   # reading a store that is not there would create it (and its folder)
         db = Path(uri[len("sqlite:///"):])
         if not db.is_file():
-            print(f"ulorl-tables: note: {db} does not exist yet; an empty store gives 'not run' everywhere",
-                  file=sys.stderr)
+            where = "" if db.parent.is_dir() else f" (the folder {db.parent} does not exist either)"
+            print(f"ulorl-tables: error: no MLflow store at {db}{where}; check --tracking-uri (or "
+                  "$MLFLOW_TRACKING_URI): ulorl-train and ulorl-sweep write ./mlflow.db by default", file=sys.stderr)
+            return 2
     from mlflow.exceptions import MlflowException
 
     from ulorl.report.claims import write_claims

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from ulorl.config import ConfigError, config_to_yaml, load_experiment
@@ -20,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.segments=8 tracking.uri=sqlite:///x.db")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (else tracking.uri, $MLFLOW_TRACKING_URI, ./mlflow.db)")
     p.add_argument("--resume", nargs="?", const="auto", metavar="RUN_DIR",
-                   help="continue a stopped run from its latest checkpoint (RUN_DIR, or newest run of this experiment)")
+                   help="continue a stopped run from its latest checkpoint (RUN_DIR, or newest run of this "
+                   "experiment), or from one of its checkpoints (RUN_DIR/checkpoints/step_N: newer ones set aside)")
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: accept algorithm / rollout / model / data settings that differ from the "
                    "checkpoint's (refused by default, naming each changed key)")
@@ -68,10 +70,15 @@ def main(argv: list[str] | None = None) -> int:
         print(config_to_yaml(cfg))
         print(describe_plan(cfg))
         return 0
+    from ulorl.cli.checks import tracking_uri_problem, uri_source
     from ulorl.tracking import require_store_folder, resolve_tracking_uri
 
-    try:  # before any work, --ray included: a missing or read-only store folder
-        require_store_folder(resolve_tracking_uri(args.tracking_uri, cfg.tracking.uri))
+    try:  # before any work, --ray included: a URI MLflow cannot open, a missing or read-only store folder
+        uri = resolve_tracking_uri(args.tracking_uri, cfg.tracking.uri)
+        problem = tracking_uri_problem(uri, uri_source(args.tracking_uri, cfg.tracking.uri))
+        if problem:
+            raise ValueError(problem)
+        require_store_folder(uri)
     except (FileNotFoundError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_with_placement(cfg, args)
     from ulorl.rollout.engines import MissingExtraError
-    from ulorl.train.checkpoint import CheckpointSpaceError
+    from ulorl.train.checkpoint import CheckpointSpaceError, CorruptCheckpointError
     from ulorl.train.trainer import Trainer
 
     try:
@@ -88,11 +95,17 @@ def main(argv: list[str] | None = None) -> int:
             cfg, run_dir=args.run_dir, resume=args.resume, tracking_uri=args.tracking_uri,
             progress=not args.no_progress, allow_config_change=args.allow_config_change,
         ).run()
+    except CorruptCheckpointError as exc:
+        again = run_again(args, {"--resume": str(exc.previous)} if exc.previous else {})
+        print(f"ulorl-train: {exc}:\n  {again}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2
     except CheckpointSpaceError as exc:
-        print(f"ulorl-train: {exc}:\n  ulorl-train {args.experiment} --resume {exc.root.parent}", file=sys.stderr)
+        run_dir = str(exc.root.parent)   # no checkpoint yet: the same folder (and MLflow run) again
+        again = run_again(args, {"--resume": run_dir} if exc.kept else {"--run-dir": run_dir})
+        print(f"ulorl-train: {exc}:\n  {again}", file=sys.stderr)
         return 1
     except MissingExtraError as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
@@ -100,13 +113,34 @@ def main(argv: list[str] | None = None) -> int:
     from ulorl.train.distributed import shutdown_process_group
 
     shutdown_process_group()   # a multi-rank run: every rank got here (the run ended on all of them)
+    # stopped by a signal: the shell's convention, 128 + its number (130 Ctrl-C, 143 SIGTERM)
+    code = 128 + (result.stop_signal or signal.SIGINT) if result.interrupted else 0
     if os.environ.get("RANK", "0") != "0":
-        return 130 if result.interrupted else 0  # only rank 0 reports
-    state = "interrupted (checkpoint saved; continue with --resume)" if result.interrupted else "finished"
-    print(f"run {result.run_id} {state} after {result.steps} steps")
+        return code  # only rank 0 reports
+    if result.interrupted:
+        print(f"run {result.run_id} interrupted after {result.steps} steps (checkpoint saved); continue with:\n"
+              f"  {run_again(args, {'--resume': str(result.run_dir)})}")
+    else:
+        print(f"run {result.run_id} finished after {result.steps} steps")
     print(f"  tracking: {result.tracking_uri}")
     print(f"  checkpoints: {result.run_dir / 'checkpoints'}")
-    return 130 if result.interrupted else 0
+    return code
+
+
+def run_again(args: argparse.Namespace, where: dict[str, str]) -> str:
+    """The ``ulorl-train`` command of this invocation with its experiment, overrides and flags, with
+    ``where`` (``--resume RUN_DIR`` or ``--run-dir RUN_DIR``) in place of the run it named: pasted as
+    printed it continues the same run (without the overrides a resume is refused as a changed config)."""
+    from ulorl.cli.checks import resume_command
+
+    flags: dict[str, str | None] = {
+        "--tracking-uri": args.tracking_uri,
+        "--allow-config-change": "" if args.allow_config_change else None,
+        "--ray": "" if args.ray else None,
+        "--address": args.address,
+    }
+    flags.update({"--resume": None, "--run-dir": None, **where})
+    return resume_command("ulorl-train", [args.experiment, *args.overrides], flags)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ Model filters (only when models are given; any ``Engine`` + tokenizer):
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from ulorl.data.jsonl import read_json_objects
+from ulorl.data.jsonl import DataError, read_json_objects
 from ulorl.data.prompts import build_prompt
 from ulorl.data.types import PromptItem
 from ulorl.reward.extract import braced_group, extract_answer
@@ -506,12 +507,24 @@ def consensus_filter(
     return kept
 
 
-def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary sibling renamed into place: a write cut short
+    (full disk, kill) leaves the earlier file, never half of the new one."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    with p.open("w", encoding="utf-8") as fh:
-        for r in rows:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_jsonl(rows: list[dict[str, Any]], path: str | Path) -> None:
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def clean_file(
@@ -536,6 +549,9 @@ def clean_file(
         print(f"[ulorl-clean] {msg}", file=log, flush=True)
 
     rows = read_rows(input_path)
+    if not rows:   # as ulorl-eval and training refuse it: a clean of nothing is a wrong path, not a result
+        raise DataError(f"{input_path}: no rows (the file is empty); give the JSONL file of problems to clean "
+                        "(one JSON object per line with problem and answer)")
     report = CleanReport(rows_in=len(rows))
     report.settings = {
         "input": str(input_path),

@@ -11,12 +11,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
@@ -27,11 +30,12 @@ from ulorl.sweep import prune, ranking
 from ulorl.sweep.capture import OutputCapture
 from ulorl.sweep.console import SweepView
 from ulorl.sweep.placed import check_trials_fit, describe_resources, needs_placement, run_placed_trial, trial_resources
-from ulorl.sweep.server import MlflowServer
+from ulorl.sweep.server import MlflowServer, stop_stale_server
 from ulorl.sweep.spec import (
     SweepError,
     SweepSpec,
     check_resume_offsets,
+    check_resume_spec,
     grid_trials,
     load_sweep,
     seed_overrides,
@@ -40,7 +44,7 @@ from ulorl.sweep.spec import (
     with_seed_offsets,
 )
 from ulorl.tracking import resolve_tracking_uri, schema
-from ulorl.tracking.credentials import install_credentials
+from ulorl.tracking.credentials import CREDENTIAL_VARS, install_credentials
 from ulorl.tracking.run import RunTracker
 from ulorl.train.checkpoint import LATEST, checkpoint_root, latest_checkpoint
 from ulorl.train.trainer import Trainer
@@ -195,16 +199,30 @@ def describe_trials(spec: SweepSpec, base: dict[str, Any], base_path: str | Path
              "resources": res} for i in range(spec.num_samples)]
 
 
+@contextlib.contextmanager
+def _secrets_hidden_from_children(names: tuple[str, ...]) -> Iterator[None]:
+    """Take ``names`` out of this process's environment while the body starts child processes (Ray's
+    head, raylet and workers keep the environment they start with, and may outlive a killed driver),
+    then put them back for this process's own MLflow client."""
+    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 class SweepInterrupted(Exception):
     """The sweep was stopped (Ctrl-C / SIGINT) before every trial finished: its parent run is KILLED,
     ``ulorl-sweep SPEC --resume`` continues it."""
 
-    def __init__(self, unfinished: list[str], not_started: int, parent_run_id: Optional[str], sweep_dir: Path):
+    def __init__(self, unfinished: list[str], not_started: int, parent_run_id: Optional[str], sweep_dir: Path,
+                 signum: int = signal.SIGINT):
         super().__init__(f"sweep interrupted with {len(unfinished)} unfinished trial(s)")
         self.unfinished = unfinished
         self.not_started = not_started
         self.parent_run_id = parent_run_id
         self.sweep_dir = sweep_dir
+        self.signum = signum   # what stopped it: the command exits with 128 + signum (130 Ctrl-C, 143 SIGTERM)
 
 
 class SweepAlreadyFinished(Exception):
@@ -217,26 +235,33 @@ class SweepAlreadyFinished(Exception):
 
 
 class _SigintFlag:
-    """While a sweep runs (main thread), SIGINT sets ``runner._sigint`` and raises KeyboardInterrupt as
-    Python's default handler does; the flag tells an interruption apart however Ray re-raises it."""
+    """While a sweep runs (main thread), SIGINT and SIGTERM set ``runner._sigint`` (and which signal it was)
+    and raise KeyboardInterrupt as Python's default SIGINT handler does, so a SIGTERM stops the sweep as
+    Ctrl-C does (runs marked KILLED, the resume command printed, the server stopped); the flag tells an
+    interruption apart however Ray re-raises it."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
-        self.old: Any = None
+        self.old: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.runner._sigint = True
+        self.runner._stop_signal = signum
         raise KeyboardInterrupt
 
     def __enter__(self) -> _SigintFlag:
         self.runner._sigint = False
         if threading.current_thread() is threading.main_thread():
-            self.old = signal.signal(signal.SIGINT, self._handle)
+            for sig in self.SIGNALS:
+                self.old[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+        self.old.clear()
 
 
 class SweepRunner:
@@ -274,6 +299,7 @@ class SweepRunner:
         self._server: Any = None
         self._view: Optional[SweepView] = None
         self._sigint = False
+        self._stop_signal: int = signal.SIGINT
 
     def _check_scheduler(self) -> None:
         """A rule on an eval metric reads it at evals only: it cannot judge a trial before the first one."""
@@ -336,9 +362,10 @@ class SweepRunner:
             {schema.KIND_TAG: "sweep", schema.SWEEP_TAG: self.spec.name, "ulorl.sweep_dir": str(self.sweep_dir),
              **self.spec.tags},
         )
-        tracker.log_text(self.sweep_path.read_text(), "sweep/spec.yaml")
+        tracker.log_text(self.sweep_path.read_text(encoding="utf-8"), "sweep/spec.yaml")
         state_path.write_text(json.dumps({"parent_run_id": tracker.run_id, "experiment": experiment,
-                                          "tracking_uri": self.store_uri, "seed_offsets": self.spec.seed_offsets}))
+                                          "tracking_uri": self.store_uri, "seed_offsets": self.spec.seed_offsets,
+                                          "spec": self.spec.model_dump(mode="json"), "base": self.base}))
         return tracker.run_id
 
     def _trial_uri(self) -> str:
@@ -350,7 +377,8 @@ class SweepRunner:
             return self.tracking_uri
         tc = config_from_dict(apply_overrides(self.base, dict(self.spec.overrides)), str(self.base_path)).tracking
         self._server = MlflowServer(self.tracking_uri, host=tc.server_host, auth=tc.server_auth,
-                                    password=os.environ.get(tc.auth_env) or None)
+                                    password=os.environ.get(tc.auth_env) or None, state_dir=self.sweep_dir,
+                                    hide_env=(tc.auth_env,))
         self._server.start()
         return self._server.uri
 
@@ -362,6 +390,11 @@ class SweepRunner:
                                                               str(self.base_path)))
                     for i, t in enumerate(grid_trials(self.spec))]
         return [("optuna", config_from_dict(apply_overrides(self.base, fixed), str(self.base_path)))]
+
+    def _secret_vars(self) -> tuple[str, ...]:
+        """Environment variables of the driver that hold a tracking secret (never handed to Ray's processes)."""
+        tc = config_from_dict(apply_overrides(self.base, dict(self.spec.overrides)), str(self.base_path)).tracking
+        return (*CREDENTIAL_VARS, tc.auth_env)
 
     def _trial_env(self) -> dict[str, str]:
         """Environment every trial (and its actors) gets through Ray's runtime_env: the failure-injection
@@ -399,9 +432,33 @@ class SweepRunner:
         # sweep were done (stopped trials can look finished or failed), and the summary would follow.
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
         quiet_libraries()
+        self._stop_stale_server()
         self._choose_sweep_dir()
+        if self.resume:
+            self._check_resume_state()   # before the console: a finished sweep shows its result, no progress
         with _SigintFlag(self):
             return self._run_with_console()
+
+    def _stop_stale_server(self) -> None:
+        """The tracking server of this sweep's last driver, when that driver and the server's guard were both
+        killed (``kill -9`` of both): stopped, with its auth folder, before anything else starts."""
+        latest = self.output_dir / "sweeps" / f"{self.spec.name}.latest"
+        last = Path(latest.read_text().strip()) if latest.is_file() else self.sweep_dir
+        done = stop_stale_server(last)
+        if done:
+            print(f"ulorl-sweep: {done}", file=sys.stderr, flush=True)
+
+    def _check_resume_state(self) -> None:
+        """``--resume``: the seeds and the spec (and its base experiment) must be the ones the sweep started
+        with, a change named key by key (:class:`SweepError`); a finished sweep raises
+        :class:`SweepAlreadyFinished`."""
+        state = json.loads((self.sweep_dir / STATE_FILE).read_text(encoding="utf-8"))
+        check_resume_offsets(state.get("seed_offsets"), self.spec)
+        check_resume_spec(state, self.spec, self.base, self.sweep_path, self.sweep_dir)
+        from mlflow.tracking import MlflowClient
+
+        if MlflowClient(self.store_uri).get_run(state["parent_run_id"]).info.status == "FINISHED":
+            raise SweepAlreadyFinished(state["parent_run_id"], self.sweep_dir)
 
     def _run_with_console(self) -> dict[str, Any]:
         if self.console is None:
@@ -442,11 +499,13 @@ class SweepRunner:
                 self.tracking_uri = trial_uri
             parent = self._parent_run()
             runtime_env = {"env_vars": self._trial_env()}
-            if self.address:
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env)
-            else:
-                ray.init(num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
-                         log_to_driver=True, ignore_reinit_error=True, runtime_env=runtime_env)
+            with _secrets_hidden_from_children(self._secret_vars()):   # Ray's processes inherit the environment
+                if self.address:
+                    ray.init(address=self.address, include_dashboard=False, log_to_driver=True,
+                             runtime_env=runtime_env)
+                else:
+                    ray.init(num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
+                             log_to_driver=True, ignore_reinit_error=True, runtime_env=runtime_env)
             try:
                 check_trials_fit(self._trial_configs())
             except PlacementError as exc:
@@ -584,7 +643,8 @@ class SweepRunner:
             client.set_terminated(parent, status="KILLED")
         view = self._view
         unfinished = [f"{t.label()} (step {t.step}/{t.total}, {t.status})" for t in view.unfinished()] if view else []
-        return SweepInterrupted(unfinished, view.not_created() if view else 0, parent, self.sweep_dir)
+        return SweepInterrupted(unfinished, view.not_created() if view else 0, parent, self.sweep_dir,
+                                self._stop_signal)
 
     def _new_tuner(self, trainable: Any, meta: dict[str, Any], storage: str, callbacks: list[Any]) -> Any:
         from ray import tune
@@ -679,9 +739,13 @@ class SweepRunner:
         """The summary of a finished sweep, read from the store; nothing is logged."""
         from mlflow.tracking import MlflowClient
 
-        summary = ranking.summarize(MlflowClient(self.store_uri), parent, self.spec, self.base, self.base_path)
+        client = MlflowClient(self.store_uri)
+        summary = ranking.summarize(client, parent, self.spec, self.base, self.base_path)
+        exp = client.get_run(parent).info.experiment_id
+        kids = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+        done = sum(k.info.status in ("FINISHED", "FAILED", "KILLED") for k in kids)   # KILLED: pruned
         return {**summary, "parent_run_id": parent, "sweep_dir": str(self.sweep_dir), "tracking_uri": self.store_uri,
-                "errors": []}
+                "errors": [], "trials_done": done, "trials_planned": self.planned_trials()}
 
     def _finish(self, parent: str) -> dict[str, Any]:
         from mlflow.tracking import MlflowClient

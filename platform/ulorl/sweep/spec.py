@@ -36,7 +36,17 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ulorl.config import ConfigError, ExperimentConfig, apply_overrides, config_from_dict, known_keys, read_yaml
+from ulorl.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_overrides,
+    check_path_component,
+    config_from_dict,
+    known_keys,
+    read_utf8_text,
+    read_yaml,
+    yaml_file_problem,
+)
 from ulorl.tracking.schema import SEED_KEYS
 
 
@@ -46,6 +56,11 @@ class SweepError(ValueError):
 
 class _S(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+DISTRIBUTIONS: tuple[str, ...] = ("choice", "grid", "uniform", "loguniform", "randint")
+DISTRIBUTION_EXAMPLE = "{choice: [0.9, 0.99]}, {grid: [1, 2]}, {uniform: [0.1, 0.6]}, {loguniform: [1e-6, 1e-4]}, " \
+    "{randint: [1, 8]}"
 
 
 class Dim(_S):
@@ -159,6 +174,12 @@ class StopConfig(_S):
 class SweepSpec(_S):
     name: str
     base: str
+
+    @field_validator("name")
+    @classmethod
+    def _one_folder(cls, v: str) -> str:
+        check_path_component(v, "the sweep's folder <output-dir>/sweeps/<name>")
+        return v
     overrides: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, Dim] = Field(default_factory=dict)
     variants: list[Variant] = Field(default_factory=list)
@@ -300,13 +321,44 @@ def check_resume_offsets(saved: Optional[list[int]], spec: SweepSpec) -> None:
         raise SweepError("--resume: this sweep was started without --seeds (or by an older ulorl); resume it without")
 
 
+def check_resume_spec(state: dict[str, Any], spec: SweepSpec, base: dict[str, Any], source: Path | str,
+                      sweep_dir: Path | str) -> None:
+    """``--resume`` must run the spec (and base experiment) the sweep started with: new trials would run
+    the changed settings beside finished ones run with the old (Tune restores its own search space, so a
+    changed one would also be ignored). Raises ``SweepError`` naming every changed key; a state written
+    before the spec was recorded is not checked. The seed offsets are :func:`check_resume_offsets`'."""
+    from ulorl.config import flatten_config
+
+    changes: list[str] = []
+    pairs = (("", state.get("spec"), spec.model_dump(mode="json")), ("base ", state.get("base"), base))
+    for prefix, then, now in pairs:
+        if then is None:
+            continue
+        old, new = flatten_config(then), flatten_config(now)
+        for key in sorted(set(old) | set(new)):
+            if key == "seed_offsets" and not prefix:
+                continue
+            if old.get(key) != new.get(key):
+                changes.append(f"  {prefix}{key}: {old.get(key)!r} when the sweep started, {new.get(key)!r} now")
+    if changes:
+        raise SweepError(f"--resume: {source} changed since the sweep in {sweep_dir} started:\n" + "\n".join(changes)
+                         + "\nresume it with the spec as it was, or start a new sweep (run it without --resume: "
+                         "a new folder and parent run)")
+
+
 def _errors(err: ValidationError, source: str) -> str:
     lines = [f"invalid sweep spec in {source}:"]
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        loc = [str(p) for p in e["loc"]]
+        path = ".".join(loc) or "<root>"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"].removeprefix("Value error, ")
+        valid = f"; use one of {', '.join(DISTRIBUTIONS)}, e.g. {DISTRIBUTION_EXAMPLE}"
+        if loc[:1] == ["space"] and len(loc) == 3 and e["type"] == "extra_forbidden":
+            path, msg = f"space.{loc[1]}", f"unknown distribution {loc[2]!r}{valid}"
+        elif loc[:1] == ["space"] and len(loc) == 2 and e["type"] == "model_type":
+            msg = f"expected a distribution, got {e.get('input')!r}{valid}"
         lines.append(f"  {path}: {msg}")
-    return "\n".join(lines)
+    return "\n".join(dict.fromkeys(lines))   # two unknown distributions of one key: said once
 
 
 def _check_key(key: str, where: str, source: str) -> None:
@@ -330,10 +382,13 @@ def _validate_with(base: dict[str, Any], overrides: dict[str, Any], where: str, 
 def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
     """Parse and fully validate a sweep. Returns (spec, absolute base path, base experiment dict)."""
     p = Path(path)
-    if not p.is_file():
-        raise SweepError(f"sweep file not found: {p}")
+    problem = yaml_file_problem(p, "sweep")
+    if problem:
+        raise SweepError(problem)
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = yaml.safe_load(read_utf8_text(p)) or {}
+    except ConfigError as exc:
+        raise SweepError(str(exc)) from None
     except yaml.YAMLError as exc:
         raise SweepError(f"{p}: not valid YAML: {exc}") from None
     if isinstance(raw, dict):

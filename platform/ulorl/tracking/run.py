@@ -81,6 +81,7 @@ class RunTracker:
         self.run_id = run_id
         self.enabled = enabled
         self._buffer: list[Metric] = []
+        self._stored: set[tuple[str, int]] = set()   # (key, step) already in the store: never logged again
 
     @classmethod
     def start(
@@ -130,7 +131,8 @@ class RunTracker:
         buf, self._buffer = self._buffer, []
         by_step: dict[int, list[Metric]] = {}
         for m in buf:
-            by_step.setdefault(m.step, []).append(m)
+            if (m.key, m.step) not in self._stored:
+                by_step.setdefault(m.step, []).append(m)
         for step in sorted(by_step):
             pts = by_step[step]
             for i in range(0, len(pts), MAX_BATCH):
@@ -150,6 +152,16 @@ class RunTracker:
             have = {m.step for m in self.client.get_metric_history(self.run_id, pts[0].key)}
             if step not in have:
                 self._buffer.extend(pts)
+
+    def skip_stored_points(self, after_step: int, probe_key: str) -> bool:
+        """When the store holds ``probe_key`` (a metric of every step) past ``after_step`` (a run resumed
+        from a checkpoint older than its last flush), remember every (key, step) it holds so that
+        :meth:`flush` never logs one twice (one point per step on every curve, the first kept). True then."""
+        if not any(m.step > after_step for m in self.client.get_metric_history(self.run_id, probe_key)):
+            return False
+        keys = self.client.get_run(self.run_id).data.metrics
+        self._stored = {(k, m.step) for k in keys for m in self.client.get_metric_history(self.run_id, k)}
+        return True
 
     def drop_buffer(self) -> None:
         self._buffer = []

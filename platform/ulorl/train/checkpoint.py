@@ -1,11 +1,18 @@
 """Atomic checkpoints: model, optimizer, RNG, step, pools, data position, DMMPT state.
 
 Layout: ``<output_dir>/checkpoints/step_000010/`` holds ``model/`` (save_pretrained), the backend's
-optimizer state, ``trainer_state.json`` and ``rng.pt``. A checkpoint is built in a temporary sibling
-folder and renamed into place, and ``latest`` (a one-line file) is replaced atomically after that, so
-a crash mid-write never leaves a corrupt or half-written "latest". A write that fails removes its
-temporary folder (the previous checkpoint stays the latest); a full disk raises
-:class:`CheckpointSpaceError`, naming the folder, "no space left" and the free space.
+optimizer state, ``trainer_state.json``, ``rng.pt`` and ``manifest.json`` (the size of every other
+file). A checkpoint is built in a temporary sibling folder; every file and the folder are fsynced
+before it is renamed into place, and ``latest`` (a one-line file) is written the same way and
+renamed over the old pointer after that, so a crash or power loss mid-write never leaves a torn
+checkpoint as "latest". A write that fails removes its temporary folder (the previous checkpoint stays
+the latest); a full disk raises :class:`CheckpointSpaceError`, naming the folder, "no space left" and
+the free space.
+
+A resume checks the checkpoint first (:func:`check_checkpoint`: its state parses, every file has the
+size the manifest recorded): a damaged one raises :class:`CorruptCheckpointError` naming the file and
+the intact checkpoint before it; ``--resume RUN_DIR/checkpoints/step_N`` continues from that one
+(:func:`select_checkpoint` moves the newer ones aside to ``checkpoints/set_aside/``, kept, not loaded).
 """
 
 from __future__ import annotations
@@ -23,17 +30,32 @@ import numpy as np
 import torch
 
 LATEST = "latest"
+STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"
+SET_ASIDE = "set_aside"   # newer checkpoints moved out of the way of a resume from an older one
 # Below this much free space a failed write is put down to a full disk: torch's zip writer reports the
 # failed write as "unexpected pos" without the errno; after ENOSPC a file system has ~0 bytes left.
 LOW_SPACE_BYTES = 1 << 20
 
 
 class CheckpointSpaceError(RuntimeError):
-    """A checkpoint could not be written for lack of disk space; the message names the folder and the fix."""
+    """A checkpoint could not be written for lack of disk space; the message names the folder and the fix.
+    ``kept`` is the intact checkpoint the run can continue from (None: no checkpoint exists yet)."""
 
-    def __init__(self, message: str, root: Path) -> None:
+    def __init__(self, message: str, root: Path, kept: Optional[Path] = None) -> None:
         super().__init__(message)
         self.root = root
+        self.kept = kept
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint a resume would load is damaged (a torn or changed file). ``checkpoint`` is the damaged
+    one, ``previous`` the newest intact checkpoint before it (None: there is none)."""
+
+    def __init__(self, message: str, checkpoint: Path, previous: Optional[Path]) -> None:
+        super().__init__(message)
+        self.checkpoint = checkpoint
+        self.previous = previous
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -55,6 +77,29 @@ def checkpoint_root(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
+def _fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a folder's entry list: a rename in it is durable once this returns)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """fsync every file and folder under ``folder``, deepest first, ``folder`` itself last."""
+    for d, _, files in os.walk(folder, topdown=False):
+        for name in files:
+            _fsync_path(Path(d) / name)
+        _fsync_path(Path(d))
+
+
+def file_sizes(folder: Path) -> dict[str, int]:
+    """``{relative path: bytes}`` of every file under ``folder`` but the manifest itself."""
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != MANIFEST}
+
+
 def write_checkpoint(
     output_dir: str | os.PathLike,
     step: int,
@@ -62,10 +107,12 @@ def write_checkpoint(
     save_payload: Callable[[Path], None],
     keep: int = 2,
 ) -> Path:
-    """Write checkpoint ``step`` atomically; ``save_payload(dir)`` saves model/optimizer files.
+    """Write checkpoint ``step`` atomically and durably; ``save_payload(dir)`` saves model/optimizer files.
 
-    On any failure the temporary folder (and a half-written ``latest`` pointer) is removed before the
-    error propagates; a full disk becomes :class:`CheckpointSpaceError`.
+    Order: payload, RNG, trainer state, manifest; fsync of every file and of the folder; rename into
+    place; fsync of ``checkpoints/``; then the ``latest`` pointer the same way. On any failure the
+    temporary folder (and a half-written ``latest`` pointer) is removed before the error propagates; a
+    full disk becomes :class:`CheckpointSpaceError`.
     """
     root = checkpoint_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -78,27 +125,33 @@ def write_checkpoint(
         tmp.mkdir()
         save_payload(tmp)
         torch.save(capture_rng_state(), tmp / "rng.pt")
-        with open(tmp / "trainer_state.json", "w") as f:
+        with open(tmp / STATE_FILE, "w", encoding="utf-8") as f:
             json.dump(trainer_state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": file_sizes(tmp)}), encoding="utf-8")
+        _fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        latest_tmp.write_text(final.name + "\n")
+        _fsync_path(root)
+        with open(latest_tmp, "w", encoding="utf-8") as f:
+            f.write(final.name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(latest_tmp, root / LATEST)
+        _fsync_path(root)
     except BaseException as exc:
         free = free_bytes(root)  # before the clean-up gives space back
         shutil.rmtree(tmp, ignore_errors=True)
         latest_tmp.unlink(missing_ok=True)
         if isinstance(exc, Exception) and out_of_space(exc, free):
             pointer = root / LATEST
-            kept = pointer.read_text().strip() if pointer.is_file() else None
+            kept = root / pointer.read_text().strip() if pointer.is_file() else None
             raise CheckpointSpaceError(
                 f"checkpoint of step {step} not written: no space left on the device holding {root} "
                 f"({(free or 0) / 2**20:.1f} MiB free); its temporary folder was removed and "
-                + (f"the last checkpoint {root / kept} is intact" if kept else "no earlier checkpoint exists")
-                + "; free space there, then continue the run with --resume", root) from exc
+                + (f"the last checkpoint {kept} is intact; free space there, then continue the run with --resume"
+                   if kept else "no earlier checkpoint exists, so there is nothing to resume; free space there, "
+                   "then start the run again (its folder and MLflow run are reused)"), root, kept) from exc
         raise
     _prune(root, keep)
     return final
@@ -138,18 +191,101 @@ def _prune(root: Path, keep: int) -> None:
 
 
 def latest_checkpoint(output_dir: str | os.PathLike) -> Optional[Path]:
+    """The checkpoint ``latest`` names (None when the run has none); :class:`CorruptCheckpointError` when
+    the pointer names a checkpoint without its state file."""
     root = checkpoint_root(output_dir)
     pointer = root / LATEST
     if not pointer.is_file():
         return None
     path = root / pointer.read_text().strip()
-    if not (path / "trainer_state.json").is_file():
-        raise RuntimeError(f"checkpoint pointer {pointer} names {path}, which is incomplete")
+    if not (path / STATE_FILE).is_file():
+        raise corrupt_checkpoint_error(path, f"{path / STATE_FILE} is missing")
     return path
 
 
+def is_checkpoint_dir(path: Path) -> bool:
+    """True for a ``<run>/checkpoints/step_N`` folder (a resume may name one instead of the run)."""
+    return path.parent.name == "checkpoints" and path.name.startswith("step_") and path.is_dir()
+
+
+def checkpoint_problem(ckpt: Path) -> Optional[str]:
+    """What is wrong with checkpoint ``ckpt`` (None when it is intact): its state file missing, not
+    JSON or without a step; a file the manifest lists missing or of another size (a torn write)."""
+    state_file = ckpt / STATE_FILE
+    if not state_file.is_file():
+        return f"{state_file} is missing"
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"{state_file} is not readable JSON ({exc}), as a write cut short leaves it"
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        return f"{state_file} holds no step number"
+    manifest = ckpt / MANIFEST
+    if not manifest.is_file():   # written by an older ulorl: the state file is all there is to check
+        return None
+    try:
+        recorded = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        return f"{manifest} is not readable"
+    for rel, size in recorded.items():
+        f = ckpt / rel
+        if not f.is_file():
+            return f"{f} is missing"
+        if f.stat().st_size != size:
+            return f"{f} has {f.stat().st_size} bytes, {size} when it was written"
+    return None
+
+
+def intact_before(ckpt: Path) -> Optional[Path]:
+    """The newest intact checkpoint of ``ckpt``'s run older than ``ckpt`` (None: there is none)."""
+    older = sorted((p for p in ckpt.parent.glob("step_*") if p.is_dir() and p.name < ckpt.name), reverse=True)
+    return next((p for p in older if checkpoint_problem(p) is None), None)
+
+
+def corrupt_checkpoint_error(ckpt: Path, problem: str) -> CorruptCheckpointError:
+    prev = intact_before(ckpt)
+    then = (f"the checkpoint before it, {prev.name}, is intact: continue from it with --resume {prev} (its later "
+            "steps run again, each logged once to MLflow)" if prev is not None
+            else "no intact checkpoint before it exists: start the run again")
+    return CorruptCheckpointError(f"checkpoint {ckpt} is damaged: {problem}; {then}", ckpt, prev)
+
+
+def check_checkpoint(ckpt: Path) -> Path:
+    """``ckpt`` when it is intact; else :class:`CorruptCheckpointError` naming the file and the checkpoint
+    before it."""
+    problem = checkpoint_problem(ckpt)
+    if problem:
+        raise corrupt_checkpoint_error(ckpt, problem)
+    return ckpt
+
+
+def select_checkpoint(ckpt: Path) -> list[Path]:
+    """Make ``ckpt`` (an intact ``step_N`` folder) its run's ``latest``, for a resume from it: newer
+    checkpoints of the run move to ``checkpoints/set_aside/`` (kept for inspection, never loaded or
+    pruned), so they cannot shadow the steps run again. Returns where they went."""
+    root = ckpt.parent
+    moved = []
+    for newer in sorted(p for p in root.glob("step_*") if p.is_dir() and p.name > ckpt.name):
+        dest = root / SET_ASIDE / newer.name
+        n = 1
+        while dest.exists():
+            dest = root / SET_ASIDE / f"{newer.name}.{n}"
+            n += 1
+        dest.parent.mkdir(exist_ok=True)
+        os.replace(newer, dest)
+        moved.append(dest)
+    latest_tmp = root / f".{LATEST}.tmp"
+    with open(latest_tmp, "w", encoding="utf-8") as f:
+        f.write(ckpt.name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(latest_tmp, root / LATEST)
+    _fsync_path(root)
+    return moved
+
+
 def read_trainer_state(ckpt: Path) -> dict[str, Any]:
-    with open(ckpt / "trainer_state.json") as f:
+    with open(ckpt / STATE_FILE, encoding="utf-8") as f:
         return json.load(f)
 
 

@@ -93,6 +93,7 @@ class TrainResult:
     last_metrics: dict[str, float] = field(default_factory=dict)
     interrupted: bool = False
     tracking_uri: str = ""
+    stop_signal: Optional[int] = None   # the signal that stopped the run (SIGINT / SIGTERM), None otherwise
 
 
 class _StopFlag:
@@ -126,11 +127,21 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 def find_resume_dir(cfg: ExperimentConfig, resume: str) -> Path:
-    """``resume`` = a run dir, or ``auto`` = the newest run dir of this experiment with a checkpoint."""
+    """``resume`` = a run dir, one of its checkpoint folders (the run continues from that one:
+    ``checkpoint.select_checkpoint``), or ``auto`` = the newest run dir of this experiment with a
+    checkpoint. The checkpoint to load is checked first (``CorruptCheckpointError`` names a damaged one)."""
     if resume != "auto":
         path = Path(resume).resolve()
-        if ckpt_io.latest_checkpoint(path) is None:
+        if ckpt_io.is_checkpoint_dir(path):
+            moved = ckpt_io.select_checkpoint(ckpt_io.check_checkpoint(path))
+            if moved:
+                log.warning("resuming from %s: newer checkpoint(s) moved to %s (kept, not loaded): %s", path,
+                            moved[0].parent, ", ".join(m.name for m in moved))
+            return path.parent.parent
+        latest = ckpt_io.latest_checkpoint(path)
+        if latest is None:
             raise FileNotFoundError(f"--resume {resume}: no checkpoint under {path / 'checkpoints'}")
+        ckpt_io.check_checkpoint(latest)
         return path
     base = Path(cfg.train.output_dir) / cfg.name
     candidates = sorted(
@@ -139,6 +150,9 @@ def find_resume_dir(cfg: ExperimentConfig, resume: str) -> Path:
     )
     if not candidates:
         raise FileNotFoundError(f"--resume auto: no run with a checkpoint under {base.resolve()}")
+    latest = ckpt_io.latest_checkpoint(candidates[-1])
+    if latest is not None:
+        ckpt_io.check_checkpoint(latest)
     return candidates[-1].resolve()
 
 
@@ -283,6 +297,9 @@ class Trainer:
         if self.run_id:
             self.tracker = RunTracker.resume(self.tracking_uri, self.run_id)
             self.tracker.set_tags({"ulorl.resumed_at_step": str(self.step)})
+            # resumed from a checkpoint older than the run's last flush (an earlier one chosen past a damaged
+            # one): the steps run again are already stored, and are not logged a second time
+            self.tracker.skip_stored_points(after_step=self.step, probe_key=schema.SKIPPED_METRIC)
             self.tracker.restore_pending(self._pending_metrics)
             self.tracker.flush()
             return
@@ -589,7 +606,7 @@ class Trainer:
             self.tracker.end(status)
         return TrainResult(
             run_id=self.run_id, run_dir=self.run_dir, steps=self.step, last_metrics=last,
-            interrupted=status == "KILLED", tracking_uri=self.tracking_uri,
+            interrupted=status == "KILLED", tracking_uri=self.tracking_uri, stop_signal=self.stop.signal,
         )
 
     def _log_samples(self, update: Any) -> None:

@@ -48,6 +48,10 @@ def verdict(rises: Sequence[float], finals: Sequence[float], base: float) -> dic
             "signal": mean_rise > 0.0 and mean_final > base}
 
 
+class Interrupted(RuntimeError):
+    """A run stopped on a signal (the trainer checkpointed it); the seeds before it are complete."""
+
+
 def run_seed(experiment: str, overrides: list[str], seed: int, uri: str, run_dir: Path,
              eval_at_start: bool) -> dict[str, Any]:
     """One seeded run of ``experiment``; its cohort-reward rise and held-out numbers from MLflow."""
@@ -62,6 +66,8 @@ def run_seed(experiment: str, overrides: list[str], seed: int, uri: str, run_dir
     t0 = time.perf_counter()
     res = Trainer(cfg, run_dir=run_dir, progress=False, eval_at_start=eval_at_start).run()
     wall = time.perf_counter() - t0
+    if res.interrupted:
+        raise Interrupted(f"seed {seed}'s run stopped at step {res.steps} on a signal (checkpointed in {run_dir})")
     if res.run_id is None:
         raise RuntimeError(f"{run_dir}: the run logged no MLflow run")
     client = MlflowClient(uri)
@@ -140,7 +146,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="ulorl-learning-signal-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    res = measure(args.experiment, list(args.overrides), args.seeds, workdir)
+    try:
+        res = measure(args.experiment, list(args.overrides), args.seeds, workdir)
+    except Interrupted as exc:
+        print(f"ulorl-bench learning-signal: interrupted: {exc}; the finished seeds' runs are in "
+              f"sqlite:///{workdir.resolve()}/mlflow.db", file=sys.stderr)
+        return 130
     if args.json:
         emit_json(res)
     else:

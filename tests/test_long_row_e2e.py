@@ -3,12 +3,10 @@
 The real ``Trainer`` (torch backend, chunked log-probs, activation checkpointing) runs in a
 subprocess with a scripted engine that answers one request of each first group with 32,768 tokens
 (the others short), through segment rollout (4 segments of 8,192). The model is a locally built
-Qwen3 with Qwen3's vocabulary of 151,936 (hidden 128, 2 layers; random weights). Asserted on what
+Qwen3 with Qwen3's vocabulary of 151,936 (hidden 128, 4 layers; random weights). Asserted on what
 MLflow holds: the long row was trained (``train/rows_over_cap``, ``train/tokens``), every update
 metric is logged, a checkpoint exists; and the subprocess's peak RSS stays <= 3 GB (the long-row
-memory goal; the full-logits path would need ~60 GB for this row, for its vocabulary: two layers keep
-activation checkpointing across layers, and a further layer adds 32k-token attention time, not memory
-the bound could catch).
+memory goal; the full-logits path would need ~60 GB for this row).
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LONG = 32_768
 VOCAB = 151_936
-LAYERS = 2
 
 
 def _build_model(d: Path) -> None:
@@ -34,7 +31,7 @@ def _build_model(d: Path) -> None:
     from ulorl.models.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
-    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=512, num_hidden_layers=LAYERS,
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=128, intermediate_size=512, num_hidden_layers=4,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=40_960,
                       tie_word_embeddings=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                       bos_token_id=None)

@@ -1,7 +1,7 @@
 """Does the warm-start recipe still rebuild the shipped embedded model? A from-scratch rebuild of the
 default profile's warm start, then an independent held-out check, side by side with the shipped build.
 
-    ulorl-bench warmstart-rebuild                  # the full recipe: ~25-45 min on 2 CPU cores
+    ulorl-bench warmstart-rebuild                  # the full recipe (the shipped build took 46 min, 1 thread)
     ulorl-bench warmstart-rebuild --json --workdir /tmp/ws
     ulorl-bench warmstart-rebuild --max-steps 2 --eval-n 8 --check-n 8   # the plumbing in seconds
 

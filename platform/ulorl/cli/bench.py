@@ -32,7 +32,7 @@ Tools with their own flags (everything after the name goes to the tool; ``ulorl-
   fill-effect     algo.dynamic_sampling_fill off vs on: time per step, learning signal (ulorl.bench.fill_effect)
   learning-signal does the default run learn? cohort reward rise and held-out avg@k over six seeds, real
                   runs read back from MLflow (ulorl.bench.learning_signal): ulorl-bench learning-signal
-  warmstart-rebuild  the shipped warm-start recipe from scratch (~25-45 min), an independent held-out check,
+  warmstart-rebuild  the shipped warm-start recipe from scratch (the shipped build: 46 min), a held-out check,
                   side by side with the shipped build (ulorl.bench.warmstart_rebuild)
   sp-memory       per-rank activation memory, SP = 1 vs N, under torch.distributed.run (ulorl.bench.sp):
                   ulorl-bench sp-memory --nproc 2 --seq-len 8192

@@ -141,9 +141,11 @@ class Store(StoreBase):
     def run(self, paper_ref: str, params: dict, seed: int, *, sweep: str = "", parent: str = "", role: str = "search",
             entropy: list[float] | None = None, heldout: dict[int, float] | None = None,
             per_problem: dict[int, dict[str, float]] | None = None, samples: list[float] | None = None,
-            status: str = "FINISHED", confirm: dict[int, dict[str, float]] | None = None) -> str:
+            status: str = "FINISHED", confirm: dict[int, dict[str, float]] | None = None,
+            final: dict[int, dict[str, float]] | None = None) -> str:
         """One training run; ``confirm``: per step, the confirmation part's per-problem scores (its
-        eval/heldout_confirm/avg_at_k is their mean)."""
+        eval/heldout_confirm/avg_at_k is their mean); ``final``: the same for the final evaluation
+        (eval/heldout_final/*, k = 16)."""
         tags = {schema.KIND_TAG: "train", schema.PAPER_REF_TAG: paper_ref, schema.ROLE_TAG: role,
                 schema.SEED_TAG: str(seed)}
         if sweep:
@@ -158,13 +160,14 @@ class Store(StoreBase):
         ms = [Metric("train/entropy", v, ts, st) for st, v in enumerate(entropy or [], start=1)]
         ms += [Metric(C.HELDOUT, v, ts, st) for st, v in (heldout or {}).items()]
         ms += [Metric("train/samples", v, ts, st) for st, v in enumerate(samples or [], start=1)]
-        ms += [Metric(f"eval/{C.CONFIRM}/avg_at_k", sum(sc.values()) / len(sc), ts, st)
-               for st, sc in (confirm or {}).items()]
+        ms += [Metric(f"eval/{bench}/avg_at_k", sum(sc.values()) / len(sc), ts, st)
+               for bench, parts in ((C.CONFIRM, confirm), (C.FINAL, final)) for st, sc in (parts or {}).items()]
         if ms:
             self.client.log_batch(rid, metrics=ms)
-        for bench, by_step in (("heldout", per_problem or {}), (C.CONFIRM, confirm or {})):
+        for bench, by_step, k in (("heldout", per_problem or {}, 4), (C.CONFIRM, confirm or {}, 4),
+                                  (C.FINAL, final or {}, 16)):
             for st, scores in by_step.items():
-                rows = "".join(f"{p},{int(round(v * 4))},4\n" for p, v in scores.items())
+                rows = "".join(f"{p},{int(round(v * k))},{k}\n" for p, v in scores.items())
                 path = f"eval/{bench}_per_problem_step_{st:06d}.csv"
                 self.client.log_text(rid, "problem_id,num_correct,k\n" + rows, path)
         self.client.set_terminated(rid, status=status)

@@ -46,6 +46,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ulorl.eval.final import final_bench
 from ulorl.eval.paired import (
     FEW_SEEDS,
     HOLDS,
@@ -75,9 +76,10 @@ HELDOUT = schema.eval_metric("heldout", "avg_at_k")
 ENTROPY = "train/entropy"
 FINAL_WINDOW = 10        # "final entropy": mean train/entropy over a run's last 10 logged steps
 CONFIRM = "heldout_confirm"   # the held-out problems a search did not select on (eval.select_problems)
+FINAL = final_bench("heldout")  # eval.final: after the last step, on held-out problems no periodic eval scores
 
 # Metrics a claim can compare (see :func:`run_value`).
-M_HELDOUT = "heldout_final"            # last periodic eval/<bench>/avg_at_k
+M_HELDOUT = "heldout_last"             # last eval/<bench>/avg_at_k (the final evaluation when every run has it)
 M_HELDOUT_SAMPLES = "heldout_at_samples"  # last periodic eval within the group's equal trained-samples budget
 M_ENTROPY = "entropy_final"            # mean train/entropy over the last FINAL_WINDOW steps
 M_SIGMA_GAP = "entropy_gap_to_sigma"   # |entropy_final - algo.mpt.sigma of arm a's run of that seed|
@@ -357,6 +359,14 @@ def run_value(source: RunSource, run: RunInfo, metric: str, budget: Optional[flo
     return Value(hit[1], hit[0], _scores_at(source, run, hit[0], bench))
 
 
+def _samples_text(source: RunSource, a_runs: Sequence[RunInfo], b_runs: Sequence[RunInfo]) -> str:
+    """``a 9,472 / 9,600 / ..., b ...``: the trained samples (train/samples summed) of each arm's runs."""
+    def total(r: RunInfo) -> str:
+        _, values = source.history(r.run_id, "train/samples")
+        return f"{sum(values):,.0f}" if values else "?"
+    return "a " + " / ".join(total(r) for r in a_runs) + ", b " + " / ".join(total(r) for r in b_runs)
+
+
 def _scores_at(source: RunSource, run: RunInfo, step: int, bench: str) -> dict[str, float]:
     """Per-problem scores behind the held-out value logged at ``step``: the trainer logs the last
     eval's metrics at every step, so they come from its latest eval at or before ``step``."""
@@ -425,27 +435,42 @@ def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sw
     res.notes += notes_a + notes_b
     alpha = 1.0 - claim.level
     bench = claim.bench
-    if claim.metric in PER_PROBLEM:
-        if bench != "heldout" and not any(schema.eval_metric(bench, "avg_at_k") in r.metrics
-                                          for r in list(a.values()) + list(b.values())):
-            res.notes.append(f"no {bench} part in these runs (no eval.select_problems split): scored on all "
-                             "held-out problems, the ones the search selected on")
-            bench = "heldout"
-        res.bench = bench
     seeds = sorted(set(a) & set(b))
+    metric = claim.metric
+    if claim.metric in PER_PROBLEM:
+        paired_runs = [a[s] for s in seeds] + [b[s] for s in seeds]
+        with_final = [r for r in paired_runs if schema.eval_metric(FINAL, "avg_at_k") in r.metrics]
+        if paired_runs and len(with_final) == len(paired_runs):
+            bench, metric = FINAL, M_HELDOUT
+            res.notes.append(f"read the final evaluation ({FINAL}: eval.final, held-out problems no periodic eval "
+                             "scored, so no search saw them)")
+            if claim.metric == M_HELDOUT_SAMPLES:
+                res.notes.append("the final evaluation is after the last step: arms compared at equal steps (equal "
+                                 "rollout prompts), not equal trained samples; trained samples per run "
+                                 + _samples_text(source, [a[s] for s in seeds], [b[s] for s in seeds]))
+        else:
+            if with_final:
+                res.notes.append(f"{len(with_final)} of {len(paired_runs)} paired runs have the final evaluation "
+                                 f"({FINAL}): it needs every one, so the periodic evals are read")
+            if bench != "heldout" and not any(schema.eval_metric(bench, "avg_at_k") in r.metrics
+                                              for r in list(a.values()) + list(b.values())):
+                res.notes.append(f"no {bench} part in these runs (no eval.select_problems split): scored on all "
+                                 "held-out problems, the ones the search selected on")
+                bench = "heldout"
+        res.bench = bench
     unpaired = sorted(set(a) ^ set(b))
     if unpaired:
         res.notes.append(f"{len(unpaired)} seed(s) with one arm only, left out: "
                          + ", ".join("/".join(s) for s in unpaired))
     budget = sample_budget(source, [a[s] for s in seeds] + [b[s] for s in seeds]) \
-        if claim.metric == M_HELDOUT_SAMPLES else None
+        if metric == M_HELDOUT_SAMPLES else None
     if budget is not None:
         res.notes.append(f"equal trained-samples budget {budget:.0f} (the fewest any run had at its last eval)")
     diffs, a_scores, b_scores, missing = [], [], [], []
     for s in seeds:
         sigma = a[s].float_param("algo.mpt.sigma")
-        va = run_value(source, a[s], claim.metric, budget, sigma, bench)
-        vb = run_value(source, b[s], claim.metric, budget, sigma, bench)
+        va = run_value(source, a[s], metric, budget, sigma, bench)
+        vb = run_value(source, b[s], metric, budget, sigma, bench)
         if va.value is None or vb.value is None:
             missing += [v.note for v in (va, vb) if v.note]
             continue

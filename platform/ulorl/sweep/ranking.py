@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ulorl.config import apply_overrides, config_from_dict, flatten_config
+from ulorl.eval.final import final_bench
 from ulorl.eval.metrics import bootstrap_ci
 from ulorl.eval.paired import (
     FEW_SEEDS,
@@ -84,6 +85,7 @@ class Trial:
     scores: dict[str, float] = field(default_factory=dict)    # problem_id -> accuracy, last eval
     variant: str = ""
     confirm: dict[str, float] = field(default_factory=dict)   # the confirmation part's scores, last eval
+    final: dict[str, float] = field(default_factory=dict)     # the final evaluation's scores (eval.final)
     pruned_reason: str = ""            # status PRUNED: the rule that stopped it
     pruned_step: Optional[int] = None  # status PRUNED: the last step it ran
 
@@ -154,7 +156,7 @@ class Verdict:
     selected: Optional[dict[str, Any]] = None   # seed 0 (the selected search trial): shown, not counted
     t_interval: Optional[tuple[float, float]] = None        # across re-run seeds, when usable
     problem_interval: Optional[tuple[float, float]] = None  # paired bootstrap over the pooled problems
-    part: str = "confirmation"     # the held-out part scored: "confirmation", or "all" without a split
+    part: str = "confirmation"     # the held-out part scored: "final" (eval.final), "confirmation", or "all"
 
 
 def confirm_bench(metric: str) -> Optional[str]:
@@ -167,8 +169,12 @@ def confirm_bench(metric: str) -> Optional[str]:
     return None
 
 
-def _paired(t: Trial, base: Trial, confirm: bool) -> Optional[dict[str, Any]]:
-    a, b = (t.confirm, base.confirm) if confirm else (t.scores, base.scores)
+def _part_scores(t: Trial, part: str) -> dict[str, float]:
+    return {"final": t.final, "confirmation": t.confirm}.get(part, t.scores)
+
+
+def _paired(t: Trial, base: Trial, part: str) -> Optional[dict[str, Any]]:
+    a, b = _part_scores(t, part), _part_scores(base, part)
     if not a or not b:
         return None
     xa, xb = common_scores(a, b)
@@ -192,22 +198,24 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
     """
     rows = ranking_rows(trials, mode)
     search = [r for r in rows if r["role"] == ROLE_SEARCH and r["objective"] is not None and r["status"] != PRUNED]
-    bases = {t.seed_offset: t for t in trials if t.role == ROLE_BASELINE and (t.scores or t.confirm)}
+    bases = {t.seed_offset: t for t in trials if t.role == ROLE_BASELINE and (t.scores or t.confirm or t.final)}
     if not search or not bases:
         return Verdict("verdict: no baseline with held-out results to compare against", None, [], None)
     best = next(t for t in trials if t.run_id == search[0]["run_id"])
     reruns = sorted((t for t in trials if t.role == ROLE_RERUN), key=lambda t: t.seed_offset)
-    confirm = any(t.confirm for t in [best, *reruns, *bases.values()])
+    judged = [t for t in reruns if t.seed_offset in bases] + [bases[t.seed_offset] for t in reruns
+                                                               if t.seed_offset in bases]
+    part = ("final" if judged and all(t.final for t in judged)
+            else "confirmation" if any(t.confirm for t in [best, *reruns, *bases.values()]) else "all")
     spread = None
     if len(bases) >= 2:
-        means = [float(np.mean(list((b.confirm if confirm else b.scores).values()) or [np.nan]))
-                 for _, b in sorted(bases.items())]
+        means = [float(np.mean(list(_part_scores(b, part).values()) or [np.nan])) for _, b in sorted(bases.items())]
         spread = max(means) - min(means)
-    per_seed = [p for p in (_paired(t, bases[t.seed_offset], confirm) for t in reruns if t.seed_offset in bases) if p]
-    selected = _paired(best, bases[best.seed_offset], confirm) if best.seed_offset in bases else None
-    part = "confirmation" if confirm else "all"
-    where = (f"{part} problems" if confirm else "all held-out problems, the ones the search selected on "
-             "(no eval.select_problems split)")
+    per_seed = [p for p in (_paired(t, bases[t.seed_offset], part) for t in reruns if t.seed_offset in bases) if p]
+    selected = _paired(best, bases[best.seed_offset], part) if best.seed_offset in bases else None
+    where = {"final": "the final evaluation's problems (eval.final: no periodic eval, so no search, saw them)",
+             "confirmation": "confirmation problems",
+             "all": "all held-out problems, the ones the search selected on (no eval.select_problems split)"}[part]
     diffs = [p["diff"] for p in per_seed]
     intervals: list[tuple[float, float]] = []
     t_iv = p_iv = None
@@ -257,6 +265,8 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
 NOT_COVERED = ("not covered: {seeds} re-run seed(s) of the best configuration; {selection}; {problems} problems "
                "of the embedded task at k={k} say nothing about other tasks or model sizes.")
 SELECTION_SPLIT = "it was picked on the selection problems and is judged on the other {confirm}"
+SELECTION_FINAL = ("it was picked on the periodic evals' problems and is judged on {final} others, scored once after "
+                   "the last step (eval.final)")
 SELECTION_NO_SPLIT = ("it was picked on the same held-out problems it is judged on (selection bias: set "
                       "eval.select_problems to judge on problems the search did not see)")
 
@@ -332,6 +342,7 @@ def trials_from_mlflow(client: Any, parent_run_id: str, metric: str, searched: S
             searched={k: params.get(k) for k in searched if k in params},
             scores=last_per_problem(client, r.info.run_id, bench), variant=tags.get(schema.VARIANT_TAG, ""),
             confirm=last_per_problem(client, r.info.run_id, cbench) if cbench else {},
+            final=last_per_problem(client, r.info.run_id, final_bench(bench.removesuffix("_select"))),
             pruned_reason=tags.get(schema.PRUNED_REASON_TAG, "") if pruned else "",
             pruned_step=_int_param(tags.get(schema.PRUNED_STEP_TAG)) if pruned else None,
         ))
@@ -441,6 +452,10 @@ def summarize(client: Any, parent_run_id: str, spec: Any, base: dict[str, Any], 
     seeds = len(v.per_seed)
     confirm = max((len(t.confirm) for t in trials), default=0)
     selection = SELECTION_SPLIT.format(confirm=confirm) if confirm else SELECTION_NO_SPLIT
+    if v.part == "final":
+        problems = max((len(t.final) for t in trials), default=0)
+        k = spec.overrides.get("eval.final.k") or base.get("eval", {}).get("final", {}).get("k") or "?"
+        selection = SELECTION_FINAL.format(final=problems)
     return {"ranking": rows, "best": best, "verdict": v.line, "beats_baseline": v.beats, "per_seed": v.per_seed,
             "seed_spread": v.seed_spread, "command": command,
             "speedup": [speedup_record(sp) for sp in trial_speedups(client, trials)],

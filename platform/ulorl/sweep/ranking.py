@@ -37,13 +37,14 @@ from ulorl.eval.paired import (
     FEW_SEEDS,
     HOLDS,
     NOT_HOLD,
+    REFUSED,
+    judge,
     paired_bootstrap,
     parse_per_problem_csv,
     pooled_problem_differences,
     seed_interval_usable,
     t_interval,
 )
-from ulorl.eval.paired import verdict as claim_verdict
 from ulorl.report import speed
 from ulorl.sweep.spec import seed_overrides
 from ulorl.tracking import schema
@@ -232,15 +233,22 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
         _, lo, hi = paired_bootstrap(x, [0.0] * len(x))
         p_iv = (lo, hi)
         intervals.append(p_iv)
-    word = claim_verdict(1 if mode == "max" else -1, intervals, len(diffs))
+    word, reason = judge(1 if mode == "max" else -1, intervals, len(diffs), t_usable=usable)
     n = len(diffs)
-    if word == HOLDS:
+    if part == "all":    # picked and judged on the same problems: no verdict (the claims refuse it too)
+        word = REFUSED
+    if word == REFUSED:
+        text, beats = ("is not judged (REFUSED): it was picked on the same held-out problems it would be judged "
+                       "on; set eval.final (or eval.select_problems) and re-run the sweep"), None
+    elif word == HOLDS:
         text, beats = f"BEATS the baseline on {n} re-run seeds", True
     elif word == NOT_HOLD:
         text, beats = f"is WORSE than the baseline on {n} re-run seeds", False
     elif word == FEW_SEEDS:
         text, beats = f"cannot be judged: {n} re-run seed(s) paired with a baseline (needs >= 2, >= 3 for a " \
                       "t-interval)", None
+    elif not usable and n >= 2:
+        text, beats = f"cannot be judged without a t-interval across seeds ({reason.split(' (')[0]})", None
     else:
         text, beats = "does NOT beat the baseline beyond the spread", False
     parts = [f"effect {float(np.mean(diffs)):+.4f}" if diffs else "no paired re-run"]

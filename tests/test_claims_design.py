@@ -220,3 +220,32 @@ def test_final_design_sweeps_write_their_paired_seeds_and_results_hold_no_others
             by_arm.setdefault(rec["tags"].get(schema.VARIANT_TAG, ""), set()).add(int(rec["tags"][schema.SEED_TAG]))
         for arm, offsets in by_arm.items():
             assert offsets <= declared, f"{spec.name} {arm}: seed offsets {sorted(offsets - declared)} not declared"
+
+
+# ----------------------------------------------------------------------------- how much is evaluation noise
+
+
+def test_sampling_variance_and_the_evaluation_noise_share(tmp_path: Path, empty_db: Path) -> None:
+    from ulorl.eval.paired import sampling_variance
+
+    # sum_i p(1 - p) / (k - 1) / P^2: [1, 0, 0.5, 0.25] at k = 4 -> (0.25 + 0.1875) / 3 / 16
+    assert sampling_variance([1.0, 0.0, 0.5, 0.25], 4) == pytest.approx(0.4375 / 3 / 16)
+    assert sampling_variance([0.5, 0.5], 2) == pytest.approx(0.125)
+    assert sampling_variance([0.5], 1) is None and sampling_variance([], 4) is None
+    # a sweep of 3 seeds, k = 4 on 2 problems: off scores (0.5, 0.5), static (0.75, 0.25 + 0.25 s)
+    st = Store(tmp_path, empty_db)
+    parent = st.parent("choice_mpt_mode")
+    for s in range(3):
+        kw = {"sweep": "choice_mpt_mode", "parent": parent}
+        off, static = {"p1": 0.5, "p2": 0.5}, {"p1": 0.75, "p2": 0.25 + 0.25 * s}
+        st.run("fig4", {"algo.mpt.mode": "off", "eval.k": 4}, s, entropy=[0.2] * 10, heldout={150: 0.5},
+               per_problem={150: off}, **kw)
+        st.run("fig4", {"algo.mpt.mode": "static", "eval.k": 4}, s, entropy=[0.3] * 10,
+               heldout={150: sum(static.values()) / 2}, per_problem={150: static}, **kw)
+    r = _one(C.evaluate_claims(RunStore.open(st.uri)), "fig4_heldout")
+    diffs = [0.0, 0.125, 0.25]                                    # static - off per seed
+    assert [p["diff"] for p in r.per_seed] == pytest.approx(diffs)
+    noise = [sampling_variance([0.5, 0.5], 4) + sampling_variance([0.75, 0.25 + 0.25 * s], 4) for s in range(3)]
+    assert r.eval_k == 4
+    assert r.eval_noise_share == pytest.approx(sum(noise) / 3 / 0.015625)   # var(diffs) = 0.125^2
+    assert f"explains about {100 * r.eval_noise_share:.0f} %" in C.reading_markdown([r])

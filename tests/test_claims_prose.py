@@ -87,7 +87,8 @@ def results_facts() -> list[float]:
     for r in results:
         for v in (r.seeds, r.effect, r.t_low, r.t_high, r.problem_effect, r.problem_low, r.problem_high, r.problems,
                   r.mde, r.mde_seeds, r.mde_problems, r.eq_margin, r.eq_margin_seeds, r.eq_margin_problems,
-                  r.seeds_for_margin, r.seeds_for_paper_effect, r.paper_effect, r.margin):
+                  r.seeds_for_margin, r.seeds_for_paper_effect, r.paper_effect, r.margin, r.eval_k,
+                  None if r.eval_noise_share is None else 100 * r.eval_noise_share):
             if v is not None:
                 facts.append(float(v))
         diffs = [p["diff"] for p in r.per_seed]

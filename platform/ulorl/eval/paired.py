@@ -314,6 +314,18 @@ def seeds_for_effect(sd: float, effect: float, level: float = LEVEL_DIRECTIONAL,
     return _seeds_needed(sd, abs(effect), (1.0 + level) / 2.0, power, max_seeds)
 
 
+def sampling_variance(scores: Sequence[float], k: int) -> Optional[float]:
+    """Evaluation sampling variance of a run's held-out mean, given its problems: each problem's
+    accuracy p_i is a mean of k Bernoulli draws, so Var(mean) = sum_i p_i (1 - p_i) / k / P^2, with
+    p_i (1 - p_i) estimated without bias by p^_i (1 - p^_i) k / (k - 1):
+    sum_i p^_i (1 - p^_i) / (k - 1) / P^2. ``scores``: Float[P] accuracies; None for k < 2 or no problems.
+    ``sampling_variance([0.5, 0.5], 2) == 0.125``."""
+    x = np.asarray(scores, dtype=np.float64)
+    if k < 2 or x.size == 0:
+        return None
+    return float(np.sum(x * (1.0 - x)) / (k - 1) / x.size ** 2)
+
+
 def mde_problems(diffs: Sequence[float], level: float = LEVEL_DIRECTIONAL, power: float = POWER) -> Optional[float]:
     """The same over problems for the paired bootstrap: (z_{(1+level)/2} + z_{power}) * sd / sqrt(P)
     of the per-problem differences ``diffs`` (Float[P], seed-averaged); None with fewer than 2 problems."""
@@ -327,6 +339,7 @@ def mde_problems(diffs: Sequence[float], level: float = LEVEL_DIRECTIONAL, power
 __all__ = ["ALPHA", "ARMS_IDENTICAL", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "LEVEL_DIRECTIONAL", "LEVEL_EQUIVALENCE",
            "MIN_T_SEEDS", "NOT_HOLD", "POWER", "REFUSED", "equivalence_margin_problems", "equivalence_margin_seeds",
            "judge", "mde_problems", "mde_seeds", "paired_bootstrap", "parse_per_problem_csv",
-           "pooled_problem_differences", "pooled_problem_interval", "seed_interval_usable", "seeds_for_effect",
+           "pooled_problem_differences", "pooled_problem_interval", "sampling_variance", "seed_interval_usable",
+           "seeds_for_effect",
            "seeds_for_margin",
            "t_cdf_two_sided", "t_interval", "t_quantile", "verdict"]

@@ -73,6 +73,7 @@ from ulorl.eval.paired import (
     paired_bootstrap,
     pooled_problem_differences,
     pooled_problem_interval,
+    sampling_variance,
     seed_interval_usable,
     seeds_for_effect,
     seeds_for_margin,
@@ -423,6 +424,8 @@ class ClaimResult:
     paper_effect: Optional[float] = None       # the paper's own a - b (Claim.paper_effect)
     seeds_for_paper_effect: Optional[int] = None  # seeds that would detect it at the observed spread (80 %)
     costs: dict[str, float] = field(default_factory=dict)  # mean per run of the row: wall_s, eval_s, final_eval_s
+    eval_k: Optional[int] = None               # held-out metrics: samples per problem of the evaluation read
+    eval_noise_share: Optional[float] = None   # evaluation sampling variance / variance of the per-seed differences
     per_seed: list[dict[str, Any]] = field(default_factory=list)
     run_ids: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -568,6 +571,8 @@ def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sw
         res.notes.append(f"equivalence within +-{claim.margin:g}: with 80 % power this design could establish a "
                          f"margin of {res.eq_margin:.3f} at best (two one-sided tests, true difference 0); "
                          f"+-{claim.margin:g} would need about {res.seeds_for_margin} seeds at the observed spread")
+    if used_seeds and claim.metric in PER_PROBLEM:
+        res.eval_k, res.eval_noise_share = eval_noise(source, res.per_seed, bench, diffs)
     if claim.paper_effect is not None and used_seeds:
         res.seeds_for_paper_effect = seeds_for_effect(float(np.std(diffs, ddof=1)), claim.paper_effect, claim.level)
     res.basis = {(True, True): B_BOTH, (False, True): B_PROBLEMS, (True, False): B_SEEDS}.get(
@@ -607,6 +612,30 @@ def run_costs(source: RunSource, runs: Sequence[RunInfo]) -> dict[str, float]:
     if len(finals) == len(runs):
         out["final_eval_s"] = float(np.mean(finals))
     return out
+
+
+def eval_noise(source: RunSource, per_seed: Sequence[dict[str, Any]], bench: str, diffs: Sequence[float]
+               ) -> tuple[Optional[int], Optional[float]]:
+    """(k, share): the samples per problem of the evaluation read and the share of the per-seed
+    differences' variance that its sampling alone explains: mean over seeds of
+    :func:`~ulorl.eval.paired.sampling_variance` (arm a's run + arm b's run, the per-problem scores
+    behind each value) over the sample variance of ``diffs``; Nones when a run lacks its k or scores."""
+    key = "eval.final.k" if bench == FINAL else "eval.k"
+    noise, ks = [], set()
+    for p in per_seed:
+        v = 0.0
+        for rid, step in ((p["a_run"], p["a_step"]), (p["b_run"], p["b_step"])):
+            run = source.get(rid)
+            k = int(float(run.param(key, "0"))) if run is not None else 0
+            scores = _scores_at(source, run, step, bench) if run is not None and step is not None else {}
+            var = sampling_variance(list(scores.values()), k)
+            if var is None:
+                return None, None
+            ks.add(k)
+            v += var
+        noise.append(v)
+    spread = float(np.var(diffs, ddof=1))
+    return (ks.pop() if len(ks) == 1 else None), (float(np.mean(noise)) / spread if spread > 0 else None)
 
 
 def arms_identical(source: RunSource, ra: RunInfo, rb: RunInfo, bench: Optional[str]) -> bool:
@@ -933,6 +962,9 @@ def reading_markdown(results: Sequence[ClaimResult]) -> str:
                      if r.seeds_for_margin else ".")
         elif r.mde is not None and r.verdict == INCONCLUSIVE:
             text += f" A true difference below about {r.mde:.{d}f} could hide here ({100 * POWER:.0f} % power)."
+        if r.eval_noise_share is not None:
+            text += (f" Evaluation sampling alone (k = {r.eval_k}, {r.problems} problems) explains about "
+                     f"{100 * r.eval_noise_share:.0f} % of the per-seed differences' variance.")
         if r.paper_effect is not None and r.mde is not None:
             rel = "below" if abs(r.paper_effect) < r.mde else "above"
             text += f" The paper's own difference, {r.paper_effect:+.3f}, is {rel} this MDE"

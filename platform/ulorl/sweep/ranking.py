@@ -9,9 +9,10 @@ accuracies a[P], b[P] (correct / k), the difference is mean(a - b) and its inter
 bootstrap of mean((a - b)[idx]) over problems resampled with replacement. Pairing removes the
 between-problem variance that two separate intervals would count twice; it does not see the
 training-seed variance, which is why the baseline and the best trial are also re-run on more seeds.
-The verdict (:func:`verdict`) judges the best configuration on its re-run seeds only and, with
-``eval.select_problems``, on the confirmation problems the search (which optimises the selection
-part, ``eval/heldout_select/avg_at_k``) never saw: the same rule as the claims (``ulorl.eval.paired``).
+The verdict (:func:`verdict`) judges the best configuration on its re-run seeds only, on problems
+the search never saw: the final evaluation's (``eval.final``) or, with ``eval.select_problems``, the
+confirmation part (the search optimises the selection part, ``eval/heldout_select/avg_at_k``); with
+neither it refuses. The same rule as the claims (``ulorl.eval.paired``).
 """
 
 from __future__ import annotations
@@ -190,12 +191,13 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
     """Does the best search trial's configuration beat the baseline beyond problem and seed noise?
 
     Judged like the claims (``ulorl.eval.paired``): on the re-run seeds only (seed 0 picked the best
-    trial) and on the confirmation problems (``Trial.confirm``, the part of the held-out problems
-    the search did not select on; all of them when the sweep has no ``eval.select_problems`` split,
-    and the line says so). "BEATS" when every usable interval lies above zero: the t-interval of
-    the per-seed differences (>= 3 re-run seeds with a spread) and the paired bootstrap over the
-    problems pooled across the re-run seeds (95 %); "WORSE" when every one lies below; fewer than 2
-    re-run seeds, or 2 without problems: not judged.
+    trial) and on problems the search did not see: the final evaluation's (``Trial.final``,
+    ``eval.final``) when every judged run has it, else the confirmation part (``Trial.confirm``,
+    ``eval.select_problems``); without either the verdict is REFUSED (the best trial was picked on
+    the problems it would be judged on). "BEATS" when every usable interval lies above zero: the
+    t-interval of the per-seed differences (>= 3 re-run seeds with a spread, required) and the paired
+    bootstrap over the problems pooled across the re-run seeds (95 %); "WORSE" when every one lies
+    below; without the t-interval, fewer than 2 re-run seeds, or 2 without problems: not judged.
     """
     rows = ranking_rows(trials, mode)
     search = [r for r in rows if r["role"] == ROLE_SEARCH and r["objective"] is not None and r["status"] != PRUNED]
@@ -275,8 +277,8 @@ NOT_COVERED = ("not covered: {seeds} re-run seed(s) of the best configuration; {
 SELECTION_SPLIT = "it was picked on the selection problems and is judged on the other {confirm}"
 SELECTION_FINAL = ("it was picked on the periodic evals' problems and is judged on {final} others, scored once after "
                    "the last step (eval.final)")
-SELECTION_NO_SPLIT = ("it was picked on the same held-out problems it is judged on (selection bias: set "
-                      "eval.select_problems to judge on problems the search did not see)")
+SELECTION_NO_SPLIT = ("it was picked on the same held-out problems it would be judged on (selection bias: set "
+                      "eval.final or eval.select_problems to judge on problems the search did not see)")
 
 
 # ----------------------------------------------------------------------------- the command

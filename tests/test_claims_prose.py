@@ -94,11 +94,11 @@ def results_facts() -> list[float]:
         diffs = [p["diff"] for p in r.per_seed]
         facts += diffs + [p["a"] for p in r.per_seed] + [p["b"] for p in r.per_seed]
         facts += [sum(x > 0 for x in diffs), sum(x < 0 for x in diffs), len(diffs)]
-        k = r.costs
-        if "wall_s" in k:
-            facts += [k["wall_s"], k["wall_s"] / 60]
-            facts += [k[x] for x in ("eval_s", "final_eval_s") if x in k]
-            facts += [100 * k[x] / k["wall_s"] for x in ("eval_s", "final_eval_s") if x in k]
+        for k in r.costs.values():
+            if "wall_s" in k:
+                facts += [k["wall_s"], k["wall_s"] / 60]
+                facts += [k[x] for x in ("eval_s", "final_eval_s") if x in k]
+                facts += [100 * k[x] / k["wall_s"] for x in ("eval_s", "final_eval_s") if x in k]
     for c in C.CLAIMS:
         facts += _numbers_of(c.paper_says) + _numbers_of(c.a.label) + _numbers_of(c.b.label)
     for path in sorted(RESULTS.glob("*.jsonl")):

@@ -423,7 +423,7 @@ class ClaimResult:
     why: str = ""                              # why the verdict is not holds / does not hold
     paper_effect: Optional[float] = None       # the paper's own a - b (Claim.paper_effect)
     seeds_for_paper_effect: Optional[int] = None  # seeds that would detect it at the observed spread (80 %)
-    costs: dict[str, float] = field(default_factory=dict)  # mean per run of the row: wall_s, eval_s, final_eval_s
+    costs: dict[str, dict[str, float]] = field(default_factory=dict)  # per arm ("a", "b"): run_costs of its runs
     eval_k: Optional[int] = None               # held-out metrics: samples per problem of the evaluation read
     eval_noise_share: Optional[float] = None   # evaluation sampling variance / variance of the per-seed differences
     per_seed: list[dict[str, Any]] = field(default_factory=list)
@@ -526,7 +526,7 @@ def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sw
     if diffs:
         res.effect = float(np.mean(diffs))
     paired = [(a[s], b[s]) for s in seeds if a[s].run_id in res.run_ids]
-    res.costs = run_costs(source, [r for pair in paired for r in pair])
+    res.costs = {arm: run_costs(source, [pair[i] for pair in paired]) for i, arm in enumerate(("a", "b"))}
     if paired and all(arms_identical(source, ra, rb, bench if claim.metric in PER_PROBLEM else None)
                       for ra, rb in paired):
         res.verdict = ARMS_IDENTICAL
@@ -924,6 +924,10 @@ def _sweep_name(r: ClaimResult) -> str:
     return r.sweep.split(" ")[0]
 
 
+def _seeds(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
 def reading_markdown(results: Sequence[ClaimResult]) -> str:
     """What the claims table says, in sentences whose every number comes from ``results`` (the block
     between :data:`READING_BEGIN` and :data:`READING_END` of ``platform/ulorl/docs/paper_claims.md``):
@@ -937,7 +941,7 @@ def reading_markdown(results: Sequence[ClaimResult]) -> str:
             continue
         c = _Cells.of(r)
         d = c.digits
-        head = f"- **{r.claim}** ({r.arms}; `{_sweep_name(r)}`, {r.seeds} seeds" + (
+        head = f"- **{r.claim}** ({r.arms}; `{_sweep_name(r)}`, {_seeds(r.seeds)}" + (
             f", {r.bench}" if r.bench and r.bench != "heldout" else "") + ")"
         if r.verdict == REFUSED:
             lines.append(f"{head}: **{r.verdict}**: {r.why}.")
@@ -950,7 +954,7 @@ def reading_markdown(results: Sequence[ClaimResult]) -> str:
         up, down = sum(x > 0 for x in diffs), sum(x < 0 for x in diffs)
         ivs = [f"seeds t{_pct(r.level)} {c.t}"] * (r.t_low is not None) + [
             f"problems boot{_pct(r.level)} {c.problems} over {r.problems} problems"] * (r.problem_low is not None)
-        text = (f"{head}: a - b = {_f(r.effect, d)}, above zero in {up} and below in {down} of {len(diffs)} seeds"
+        text = (f"{head}: a - b = {_f(r.effect, d)}, above zero in {up} and below in {down} of {_seeds(len(diffs))}"
                 + (f"; {'; '.join(ivs)}" if ivs else "") + f": **{r.verdict}**")
         text += f" ({r.why})." if r.why and r.verdict in (INCONCLUSIVE, FEW_SEEDS) and "no t-interval" in r.why \
             else "."
@@ -975,17 +979,19 @@ def reading_markdown(results: Sequence[ClaimResult]) -> str:
     cost_lines = []
     for r in results:
         name = _sweep_name(r)
-        if not r.costs or name in done:
+        if not all(r.costs.get(arm) for arm in ("a", "b")) or name in done:
             continue
         done.add(name)
-        k = r.costs
-        text = (f"- `{name}` (its runs of {r.arms}): {k['wall_s'] / 60:.1f} min per run on average")
-        if "eval_s" in k:
-            text += f", {100 * k['eval_s'] / k['wall_s']:.1f} % of it in periodic evals"
-        if "final_eval_s" in k:
-            share = 100 * k["final_eval_s"] / k["wall_s"]
-            text += f"; the final evaluation took {k['final_eval_s']:.0f} s, {share:.1f} % of a run"
-        cost_lines.append(text + ".")
+        parts = []
+        for label, k in zip(r.arms.split(" vs "), (r.costs["a"], r.costs["b"])):
+            text = f"{label}: {k['wall_s'] / 60:.1f} min per run"
+            if "eval_s" in k:
+                text += f", {100 * k['eval_s'] / k['wall_s']:.1f} % of it in periodic evals"
+            if "final_eval_s" in k:
+                text += (f", the final evaluation {k['final_eval_s']:.0f} s of it "
+                         f"({100 * k['final_eval_s'] / k['wall_s']:.1f} %)")
+            parts.append(text)
+        cost_lines.append(f"- `{name}` ({_seeds(r.seeds)}): " + "; ".join(parts) + ".")
     if cost_lines:
         lines += ["", "Wall time of the runs (`time/wall_s`, `time/eval_s`, `time/final_eval_s` in the results files; "
                   "the machines were shared, see below):", ""] + cost_lines

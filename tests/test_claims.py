@@ -567,6 +567,8 @@ def test_committed_results_files_reproduce_the_docs_and_readme_claims_tables() -
     for path, begin, end, make in (("platform/ulorl/docs/paper_claims.md", C.DOCS_BEGIN, C.DOCS_END, C.docs_table),
                                    ("platform/ulorl/docs/paper_claims.md", C.READING_BEGIN, C.READING_END,
                                     C.reading_markdown),
+                                   ("platform/ulorl/docs/paper_claims.md", C.FINAL_COST_BEGIN, C.FINAL_COST_END,
+                                    C.final_cost_markdown),
                                    ("README.md", C.SUMMARY_BEGIN, C.SUMMARY_END, C.summary_table)):
         page = (root / path).read_text()
         start, stop = page.index(begin) + len(begin) + 1, page.index(end)

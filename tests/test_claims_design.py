@@ -247,3 +247,36 @@ def test_sampling_variance_and_the_evaluation_noise_share(tmp_path: Path, empty_
     assert r.eval_k == 4
     assert r.eval_noise_share == pytest.approx(sum(noise) / 3 / 0.015625)   # var(diffs) = 0.125^2
     assert f"explains about {100 * r.eval_noise_share:.0f} %" in C.reading_markdown([r])
+
+
+# ----------------------------------------------------------------------------- what the final evaluation costs
+
+
+def test_final_evaluation_cost_is_read_from_the_paired_runs() -> None:
+    # Table 3's committed runs, read straight from the records: per arm the mean over its paired seeds of
+    # time/final_eval_s, its share of time/wall_s, and its ratio to the periodic evals (mean time/eval_s x
+    # the timed evals after step 0)
+    path = ROOT / "experiments" / "results" / "choice_output_length.jsonl"
+    source = ResultsStore.open(path)
+    records = read_records(path)
+    by_arm: dict[str, dict[str, dict]] = {}
+    for rec in records:
+        by_arm.setdefault(rec["params"]["rollout.max_response_len"], {})[rec["tags"]["ulorl.seed_offset"]] = rec
+    paired = sorted(set(by_arm["192"]) & set(by_arm["96"]))
+    r = _one(C.evaluate_claims(source), "table3_heldout")
+    assert r.bench == C.FINAL and r.seeds == len(paired)
+    block = C.final_cost_markdown([r])
+    for arm, length in (("a", "192"), ("b", "96")):
+        runs = [by_arm[length][s] for s in paired]
+        final = sum(x["metrics"]["time/final_eval_s"] for x in runs) / len(runs)
+        wall = sum(x["metrics"]["time/wall_s"] for x in runs) / len(runs)
+        periodic = sum(x["means"]["time/eval_s"] * len([s for s in x["per_problem"]["heldout"]["steps"] if int(s) > 0])
+                       for x in runs) / len(runs)
+        assert r.costs[arm]["final_eval_s"] == pytest.approx(final)
+        assert (f"{final:.0f} s, {100 * final / wall:.1f} % of a {wall / 60:.1f} min run "
+                f"(+{100 * final / (wall - final):.1f} % on the run without it), "
+                f"{final / periodic:.1f} x its periodic evals together") in block
+    k, problems = runs[0]["params"]["eval.final.k"], runs[0]["params"]["eval.final.num_problems"]
+    assert f"k = {k} on {problems} problems" in block
+    # rows that read the periodic evals have no final-evaluation cost
+    assert C.final_cost_markdown([x for x in C.evaluate_claims(source) if x.bench != C.FINAL]).startswith("No ")

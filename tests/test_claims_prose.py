@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 NUMBER = re.compile(r"(?<![\w.])([+\-−]?)(\d+(?:\.\d+)?(?:e[+\-]?\d+)?)(?![\w])")
 REFERENCE = re.compile(r"\b(?:Tables?|Figures?|Figs?\.|Fig\.)\s*\d+(?:\s*(?:-|/|,|and|&)\s*\d+)*")
-BLOCKS = [(C.DOCS_BEGIN, C.DOCS_END), (C.SUMMARY_BEGIN, C.SUMMARY_END), (C.READING_BEGIN, C.READING_END)]
+BLOCKS = [(C.DOCS_BEGIN, C.DOCS_END), (C.SUMMARY_BEGIN, C.SUMMARY_END), (C.READING_BEGIN, C.READING_END),
+          (C.FINAL_COST_BEGIN, C.FINAL_COST_END)]
 
 
 def numbers_in(text: str) -> list[str]:

@@ -594,7 +594,8 @@ def _mean_of(source: RunSource, run: RunInfo, key: str) -> Optional[float]:
 def run_costs(source: RunSource, runs: Sequence[RunInfo]) -> dict[str, float]:
     """Mean over ``runs`` of their wall seconds (``wall_s``), periodic eval seconds (``eval_s``: mean
     ``time/eval_s`` x the timed periodic evals, those after step 0, each run) and final evaluation seconds
-    (``final_eval_s``, ``eval.final``; only when every run has it); {} without runs."""
+    (``final_eval_s``, ``eval.final``; only when every run has it, with its ``final_k`` and ``final_problems``
+    when every run ran the same); {} without runs."""
     out: dict[str, float] = {}
     walls = [r.metrics["time/wall_s"] for r in runs if "time/wall_s" in r.metrics]
     if not runs or len(walls) != len(runs):
@@ -611,6 +612,10 @@ def run_costs(source: RunSource, runs: Sequence[RunInfo]) -> dict[str, float]:
     finals = [r.metrics["time/final_eval_s"] for r in runs if "time/final_eval_s" in r.metrics]
     if len(finals) == len(runs):
         out["final_eval_s"] = float(np.mean(finals))
+        sizes = {(r.params.get("eval.final.k", ""), r.params.get("eval.final.num_problems", "")) for r in runs}
+        k, problems = next(iter(sizes))
+        if len(sizes) == 1 and k.isdigit() and problems.isdigit():
+            out["final_k"], out["final_problems"] = float(k), float(problems)
     return out
 
 
@@ -998,6 +1003,40 @@ def reading_markdown(results: Sequence[ClaimResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+FINAL_COST_BEGIN, FINAL_COST_END = "<!-- claims-final-cost:begin -->", "<!-- claims-final-cost:end -->"
+
+
+def final_cost_markdown(results: Sequence[ClaimResult]) -> str:
+    """What the final evaluation (``eval.final``) cost, per sweep whose claim rows read it, from the
+    paired runs' ``time/final_eval_s``, ``time/eval_s`` and ``time/wall_s`` (:func:`run_costs`): per arm
+    its seconds, its share of a run's wall time, what it adds to the run without it, and how many times
+    the run's periodic evals together it took (the block between :data:`FINAL_COST_BEGIN` and
+    :data:`FINAL_COST_END` of ``platform/ulorl/docs/paper_claims.md``)."""
+    lines, done = [], set()
+    for r in results:
+        name = _sweep_name(r)
+        arms = [r.costs.get(arm, {}) for arm in ("a", "b")]
+        if r.bench != FINAL or name in done or not all("final_eval_s" in k for k in arms):
+            continue
+        done.add(name)
+        size = ""
+        if all("final_k" in k for k in arms) and len({(k["final_k"], k["final_problems"]) for k in arms}) == 1:
+            size = f", k = {arms[0]['final_k']:.0f} on {arms[0]['final_problems']:.0f} problems"
+        parts = []
+        for label, k in zip(r.arms.split(" vs "), arms):
+            final, wall = k["final_eval_s"], k["wall_s"]
+            text = (f"{label}: {final:.0f} s, {100 * final / wall:.1f} % of a {wall / 60:.1f} min run "
+                    f"(+{100 * final / (wall - final):.1f} % on the run without it)")
+            if k.get("eval_s"):
+                text += f", {final / k['eval_s']:.1f} x its periodic evals together"
+            parts.append(text)
+        lines.append(f"- `{name}` ({_seeds(r.seeds)}{size}): " + "; ".join(parts) + ".")
+    if not lines:
+        return "No results file holds a final evaluation yet.\n"
+    return ("The final evaluation's cost, measured (mean over each arm's paired runs, on machines shared with "
+            "other work: the shares say more than the seconds):\n\n" + "\n".join(lines) + "\n")
+
+
 def replace_docs_table(text: str, table: str, begin: str = DOCS_BEGIN, end: str = DOCS_END) -> str:
     """``text`` with the block between ``begin`` and ``end`` replaced by ``table``."""
     m = re.search(re.escape(begin) + r"\n.*?" + re.escape(end), text, flags=re.S)
@@ -1008,10 +1047,11 @@ def replace_docs_table(text: str, table: str, begin: str = DOCS_BEGIN, end: str 
 
 def update_docs(text: str, results: Sequence[ClaimResult]) -> str:
     """``text`` with every claims block it holds rewritten: the full table (:func:`docs_table`), the
-    README's summary (:func:`summary_table`) and the reading of the table (:func:`reading_markdown`);
-    a ValueError when it holds none."""
+    README's summary (:func:`summary_table`), the reading of the table (:func:`reading_markdown`) and
+    the final evaluation's cost (:func:`final_cost_markdown`); a ValueError when it holds none."""
     blocks = ((DOCS_BEGIN, DOCS_END, docs_table), (SUMMARY_BEGIN, SUMMARY_END, summary_table),
-              (READING_BEGIN, READING_END, reading_markdown))
+              (READING_BEGIN, READING_END, reading_markdown),
+              (FINAL_COST_BEGIN, FINAL_COST_END, final_cost_markdown))
     present = [(b, e, make) for b, e, make in blocks if b in text]
     if not present:
         raise ValueError(f"no {DOCS_BEGIN} or {SUMMARY_BEGIN} block to replace")
@@ -1039,7 +1079,8 @@ def write_claims(source: RunSource, out_dir: str | Path) -> dict[str, Any]:
 
 
 __all__ = ["ARMS_IDENTICAL", "CLAIMS", "REFUSED", "Arm", "Claim", "ClaimResult", "arms_identical", "claims_json",
-           "claims_markdown", "docs_table", "drop_mirrored_rows", "evaluate_claims", "judge", "mirror_of",
+           "claims_markdown", "docs_table", "drop_mirrored_rows", "evaluate_claims", "final_cost_markdown", "judge",
+           "mirror_of",
            "reading_markdown", "run_costs",
            "pooled_problem_interval", "replace_docs_table", "summary_table", "t_cdf_two_sided", "t_interval",
            "t_quantile", "update_docs", "verdict", "write_claims", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "NOT_HOLD",

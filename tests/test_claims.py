@@ -377,6 +377,21 @@ def test_results_files_reproduce_the_store_claims_and_merge_later_seeds(tmp_path
     assert fig2.seeds == 5 and fig2.sweep.count("+") == 1     # the two launches pooled, both named
 
 
+def test_a_results_folder_reads_results_records_only(tmp_path: Path) -> None:
+    # a bench's own JSON lines (one object per finished run, with a run_id, no results format) beside a
+    # results file in the folder are not runs of the claims
+    from ulorl.report.results import FORMAT, holds_records, results_files
+
+    (tmp_path / "sweep.jsonl").write_text(json.dumps({"format": FORMAT, "run_id": "r1", "tags": {}}) + "\n")
+    (tmp_path / "entropy_map.jsonl").write_text(json.dumps({"run_id": "m1", "share": 0.01}) + "\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    assert [f.name for f in results_files([tmp_path])] == ["empty.jsonl", "sweep.jsonl"]
+    assert not holds_records(tmp_path / "entropy_map.jsonl")
+    assert [r.run_id for r in ResultsStore.open(tmp_path).runs()] == ["r1"]
+    # named on its own, a file is read as given
+    assert [r.run_id for r in ResultsStore.open(tmp_path / "entropy_map.jsonl").runs()] == ["m1"]
+
+
 def test_launches_with_other_fixed_settings_are_not_pooled(tmp_path: Path, empty_db: Path) -> None:
     st = Store(tmp_path, empty_db)
     _is_mode_runs(st, st.parent("choice_is_mode"), (0, 1, 2), {"train.lr": 1e-4})

@@ -18,7 +18,7 @@ import pytest
 
 from ulorl.eval import paired as P
 from ulorl.report import claims as C
-from ulorl.report.results import ResultsStore, decode_curve, read_records
+from ulorl.report.results import ResultsStore, decode_curve, read_records, results_files
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
@@ -102,7 +102,7 @@ def results_facts() -> list[float]:
                 facts += [100 * k[x] / k["wall_s"] for x in ("eval_s", "final_eval_s") if x in k]
     for c in C.CLAIMS:
         facts += _numbers_of(c.paper_says) + _numbers_of(c.a.label) + _numbers_of(c.b.label)
-    for path in sorted(RESULTS.glob("*.jsonl")):
+    for path in results_files([RESULTS]):
         records = read_records(path)
         facts.append(len(records))
         arms = {rec["tags"].get("ulorl.variant", "") for rec in records}

@@ -247,12 +247,26 @@ def sqlite_snapshot(uri: str) -> Iterator[str]:
 # ----------------------------------------------------------------------------- reading the files
 
 
+def holds_records(path: Path) -> bool:
+    """Whether the JSON Lines file ``path`` is a results file: empty, or its first record carries the
+    results ``format`` (a bench's own JSON lines beside them in a folder are not runs)."""
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                first = json.loads(line)
+            except json.JSONDecodeError:
+                return True          # read_records names the bad line
+            return isinstance(first, dict) and "format" in first
+    return True
+
+
 def results_files(paths: Sequence[str | Path]) -> list[Path]:
-    """The ``*.jsonl`` files named by ``paths`` (a folder: every ``*.jsonl`` in it, sorted)."""
+    """The ``*.jsonl`` files named by ``paths`` (a folder: every ``*.jsonl`` in it that holds results
+    records, sorted; see :func:`holds_records`)."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(p.glob("*.jsonl"))
+            out += [f for f in sorted(p.glob("*.jsonl")) if holds_records(f)]
         elif p.is_file():
             out.append(p)
         else:
@@ -320,4 +334,5 @@ class ResultsStore(RunSource):
 
 
 __all__ = ["CURVES", "MEANS", "ResultsStore", "decode_curve", "decode_per_problem", "dumps_records", "encode_curve",
-           "encode_per_problem", "export_results", "merge_records", "read_records", "results_files", "run_record"]
+           "encode_per_problem", "export_results", "holds_records", "merge_records", "read_records", "results_files",
+           "run_record"]

@@ -9,7 +9,8 @@ A record holds:
 - ``run_id``, ``experiment_id``, ``name``, ``status``, ``start_time``, ``tags`` and ``params``
   (all of them: the arm, the seeds, role, variant, paper_ref, git commit, every config key);
 - ``metrics``: the last value of every exported metric;
-- ``curves``: per-step histories of :data:`CURVES` and of every ``eval/<bench>/avg_at_k``
+- ``curves``: per-step histories of :data:`CURVES` and of every ``eval/<bench>/avg_at_k``, the final
+  evaluation's ``eval/<bench>_final/avg_at_k`` (``eval.final``, one point) included
   (``{"start": s, "values": [...]}`` for consecutive steps s, s+1, ..., else ``{"steps", "values"}``);
 - ``means``: the mean over logged steps of :data:`MEANS` (mask fractions, step and eval seconds);
 - ``per_problem``: per benchmark, the problem ids once (``prefix`` + ``ids``) and per eval step the
@@ -46,7 +47,7 @@ FORMAT = 1
 CURVES: tuple[str, ...] = ("train/entropy", "rollout/reward_mean", "train/samples")
 MEANS: tuple[str, ...] = ("train/mpt_frac", "train/masked_frac", "train/mask_active_frac", "time/step_s",
                           "time/eval_s")
-LAST: tuple[str, ...] = ("time/wall_s", "train/policy_version")
+LAST: tuple[str, ...] = ("time/wall_s", "train/policy_version", "time/final_eval_s")   # eval.final's seconds
 SELECT_SUFFIX, CONFIRM_SUFFIX = "_select", "_confirm"
 
 
@@ -246,12 +247,26 @@ def sqlite_snapshot(uri: str) -> Iterator[str]:
 # ----------------------------------------------------------------------------- reading the files
 
 
+def holds_records(path: Path) -> bool:
+    """Whether the JSON Lines file ``path`` is a results file: empty, or its first record carries the
+    results ``format`` (a bench's own JSON lines beside them in a folder are not runs)."""
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                first = json.loads(line)
+            except json.JSONDecodeError:
+                return True          # read_records names the bad line
+            return isinstance(first, dict) and "format" in first
+    return True
+
+
 def results_files(paths: Sequence[str | Path]) -> list[Path]:
-    """The ``*.jsonl`` files named by ``paths`` (a folder: every ``*.jsonl`` in it, sorted)."""
+    """The ``*.jsonl`` files named by ``paths`` (a folder: every ``*.jsonl`` in it that holds results
+    records, sorted; see :func:`holds_records`)."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(p.glob("*.jsonl"))
+            out += [f for f in sorted(p.glob("*.jsonl")) if holds_records(f)]
         elif p.is_file():
             out.append(p)
         else:
@@ -319,4 +334,5 @@ class ResultsStore(RunSource):
 
 
 __all__ = ["CURVES", "MEANS", "ResultsStore", "decode_curve", "decode_per_problem", "dumps_records", "encode_curve",
-           "encode_per_problem", "export_results", "merge_records", "read_records", "results_files", "run_record"]
+           "encode_per_problem", "export_results", "holds_records", "merge_records", "read_records", "results_files",
+           "run_record"]

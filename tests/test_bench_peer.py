@@ -114,3 +114,24 @@ def test_a_tiny_side_by_side_run_steps_both_trainers_and_reports_them(tmp_path):
     assert sorted((r["system"], r["step"]) for r in out["steps"]) == [
         ("TRL GRPOTrainer", 1), ("TRL GRPOTrainer", 2), ("ulorl S=1 compact", 1), ("ulorl S=1 compact", 2)]
     assert "TRL GRPOTrainer" in proc.stdout and (tmp_path / "work" / "logs" / "rep0-trl.log").is_file()
+
+
+def test_padding_counts_first_fit_against_the_plan():
+    from ulorl.bench.peer_workers import first_fit_padded_tokens, ulorl_padding
+    from ulorl.rollout.types import Sample, SegmentSpan
+    from ulorl.train.batch import build_train_batch
+
+    assert first_fit_padded_tokens([4, 10, 4, 10], 10) == 2 * 4 + 10 + 10
+    assert first_fit_padded_tokens([30] * 24 + [70] * 6 + [310, 410], 16384) == 32 * 410
+    resp = [20] * 24 + [60] * 6 + [300, 400]
+    batch = build_train_batch([Sample(sample_id=i, group_id=i, prompt_ids=[1] * 10, response_ids=[2] * n, reward=0.0,
+                                      segments=[SegmentSpan(0, n, 0)]) for i, n in enumerate(resp)], 0)
+    # the plan: 24 x 30 + 6 x 70 + 2 x 410 (tests/test_micro_batch_plan.py)
+    assert ulorl_padding(batch, 16384) == {"train_real_tokens": 1860, "train_padded_tokens": 1960,
+                                           "first_fit_padded_tokens": 13120}
+    cfg = PeerConfig(steps=2, warmup=0, trl=False, segments=(1,), regimes=("static",))
+    recs = [_rec("ulorl S=1 static", s, 1.0, 1.0, 4, 10) | {"train_real_tokens": 100, "train_padded_tokens": p,
+                                                             "first_fit_padded_tokens": 300} for s, p in ((1, 110),
+                                                                                                          (2, 130))]
+    (row,) = summarize({"steps": recs, "evals": [], "memory": []}, cfg, systems_of(cfg))
+    assert row["padded_per_real_token"] == pytest.approx(1.2) and row["first_fit_padded_per_real_token"] == 3.0

@@ -244,6 +244,8 @@ def summarize(out: dict[str, Any], cfg: PeerConfig, systems: Sequence[System]) -
             "tokens_per_s": tokens / wall if wall > 0 else None,
             "s_per_sample": wall / samples if samples else None,
             "cpu_s_per_sample": cpu / samples if samples else None,
+            "padded_per_real_token": _ratio(recs, "train_padded_tokens", "train_real_tokens"),
+            "first_fit_padded_per_real_token": _ratio(recs, "first_fit_padded_tokens", "train_real_tokens"),
             "peak_rss_mb": max(peaks) if peaks else None,
             "setup_rss_mb": max(setup) if setup else None,
             "heldout": [e["avg_at_k"] for e in evals],
@@ -252,6 +254,13 @@ def summarize(out: dict[str, Any], cfg: PeerConfig, systems: Sequence[System]) -
         })
     add_ratios(rows)
     return rows
+
+
+def _ratio(recs: Sequence[dict[str, Any]], num: str, den: str) -> Optional[float]:
+    """sum(num) / sum(den) over the records that have both (None when none has)."""
+    both = [r for r in recs if r.get(num) is not None and r.get(den)]
+    d = sum(r[den] for r in both)
+    return sum(r[num] for r in both) / d if d else None
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -317,6 +326,12 @@ def format_report(out: dict[str, Any]) -> str:
                  "samples; tok/s: trained response tokens per wall second; vs TRL, vs S=1: wall seconds per trained "
                  "sample of the reference / of this row (> 1 = faster; (cpu): CPU seconds per trained sample); "
                  "peak MB: peak RSS of the system's process.")
+    pads = [r for r in out.get("summary", []) if r.get("padded_per_real_token")]
+    if pads:
+        lines.append("training forward, padded tokens per real token: " + "; ".join(
+            f"{r['system']} {r['padded_per_real_token']:.2f}" + (
+                f" (first-fit split: {r['first_fit_padded_per_real_token']:.2f})"
+                if r.get("first_fit_padded_per_real_token") else "") for r in pads))
     ini = out.get("initial_eval")
     if ini:
         lines.append(f"held-out avg@{ini['k']} on {ini['problems']} problems before training: {ini['avg_at_k']:.3f} "

@@ -6,7 +6,7 @@ accelerate, ulorl's pools) never mixes, and the coordinator can interleave the s
 step. The process answers commands on a pipe:
 
     "step" -> {"wall_s", "cpu_s", "rollout_s", "rollout_cpu_s", "update_s", "update_cpu_s", "samples",
-               "tokens", "reward_mean", "rss_mb", "peak_rss_mb"}
+               "tokens", "train_real_tokens", "train_padded_tokens", "reward_mean", "rss_mb", "peak_rss_mb"}
     "eval" -> the held-out score of the current weights (the same evaluator for every system)
     "stop" -> {"peak_rss_mb", "rss_mb"}, then the process ends
 
@@ -14,7 +14,11 @@ step. The process answers commands on a pipe:
 other load on a shared machine); ``rollout_*`` generation plus reward scoring (timed around the
 trainer's own rollout call: ulorl's ``Trainer._rollout``, TRL's ``_generate_and_score_completions``,
 which also computes the advantages); ``update_*`` the rest of the step (forward, backward,
-optimizer, weight hand-over to the engine, logging).
+optimizer, weight hand-over to the engine, logging). ``train_real_tokens`` / ``train_padded_tokens``:
+prompt + response tokens of the trained batch, and the tokens one training forward runs on with its
+padding (ulorl: its micro-batches, plus ``first_fit_padded_tokens``, the split it used before; TRL:
+the batch padded to its widest prompt + completion). ulorl runs two forwards over them (the no-grad
+pre-update pass and the training pass), TRL one.
 
 TRL's ``train()`` owns its loop, so its worker steps it from a ``TrainerCallback``: the step's
 timer starts when a "step" command arrives (``on_train_begin`` for the first), stops at
@@ -32,7 +36,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, cast
 
 from ulorl.bench.peer_settings import PEER_EXTRA_MESSAGE, PeerConfig, System, trl_arguments, ulorl_experiment
 
@@ -51,6 +55,30 @@ def process_memory_mb() -> dict[str, Optional[float]]:
     except OSError:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return {"rss_mb": None, "peak_rss_mb": peak / (1024.0 * 1024.0 if sys.platform == "darwin" else 1024.0)}
+
+
+def first_fit_padded_tokens(lengths: list[int], token_budget: int) -> int:
+    """Padded tokens of the first-fit split ulorl used before ``ulorl.train.batch.padding_plan``: rows
+    in length order, a new micro-batch only when the next row would push rows x longest over the
+    budget (a reference count for the report; nothing trains with it)."""
+    total = rows = longest = 0
+    for n in sorted(lengths):
+        if rows and max(longest, n) * (rows + 1) > token_budget:
+            total += rows * longest
+            rows = longest = 0
+        rows, longest = rows + 1, max(longest, n)
+    return total + rows * longest
+
+
+def ulorl_padding(batch: Any, token_budget: int) -> dict[str, int]:
+    """Real and padded tokens of one forward over ``batch`` (a ``TrainBatch``) in ulorl's micro-batches,
+    and what the first-fit split would have padded it to."""
+    from ulorl.train.batch import micro_batches, row_lengths
+
+    lengths = row_lengths(batch)
+    padded = sum(len(mb) * max(lengths[i] for i in mb) for mb in micro_batches(batch, token_budget))
+    return {"train_real_tokens": sum(lengths), "train_padded_tokens": padded,
+            "first_fit_padded_tokens": first_fit_padded_tokens(lengths, token_budget)}
 
 
 class _Runner(Protocol):
@@ -136,7 +164,9 @@ class UlorlRunner:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         m = res.metrics
         trained = res.update is not None and res.update.updated
-        return {**self.rollout_clock.split(wall, cpu),
+        padding = ulorl_padding(res.update.batch, self.exp.train.micro_batch_tokens) \
+            if trained and res.update is not None and res.update.batch is not None else {}
+        return {**self.rollout_clock.split(wall, cpu), **padding,
                 "samples": int(m.get("train/samples", 0)) if trained else 0,
                 "tokens": int(m.get("train/tokens", 0)) if trained else 0,
                 "reward_mean": m.get("rollout/reward_mean"), **process_memory_mb()}
@@ -195,7 +225,8 @@ class TrlRunner:
                                "the two would not train on the same prompts")
         dataset = Dataset.from_list([{"prompt": p.prompt_text, "answer": p.answer} for p in prompts])
         self.scorer = RewardScorer.from_config(self.exp.reward)
-        acc: dict[str, Any] = {"samples": 0, "tokens": 0, "rewards": []}
+        acc: dict[str, Any] = {"samples": 0, "tokens": 0, "rewards": [], "train_padded_tokens": 0,
+                               "train_real_tokens": 0}
         self._acc = acc
         self.rollout_clock = _Clock()
         eos_ids: list[int] = []
@@ -232,10 +263,11 @@ class TrlRunner:
         self.conn: Optional[Connection] = None
         self.pending: Optional[str] = None
         self.trained = False
-        # typed Any: the rollout call is wrapped on the instance below (a measurement, not a change)
-        self.trainer: Any = GRPOTrainer(model=resolve_model_path(cfg.model), reward_funcs=ulorl_reward,
-                                   args=GRPOConfig(**trl_arguments(cfg, seed, workdir / "trl")),
-                                   train_dataset=dataset, processing_class=tokenizer, callbacks=[Baton()])
+        trainer = GRPOTrainer(model=resolve_model_path(cfg.model), reward_funcs=ulorl_reward,
+                              args=GRPOConfig(**trl_arguments(cfg, seed, workdir / "trl")),
+                              train_dataset=dataset, processing_class=tokenizer, callbacks=[Baton()])
+        # typed Any: its rollout call is wrapped on the instance below (a measurement, not a change)
+        self.trainer: Any = cast(Any, trainer)
         eos_ids.extend(int(e) for e in self.trainer.eos_token_ids)
         self.tokenizer = tokenizer
         generate_and_score = self.rollout_clock.wrap(self.trainer._generate_and_score_completions)
@@ -244,6 +276,9 @@ class TrlRunner:
             out = generate_and_score(inputs)
             acc["samples"] += int(out["completion_ids"].shape[0])
             acc["tokens"] += int(out["completion_mask"].sum())   # every completion token is trained
+            # the training forward runs on [B, prompt width + completion width], padding included
+            acc["train_padded_tokens"] += int(out["prompt_ids"].numel() + out["completion_ids"].numel())
+            acc["train_real_tokens"] += int(out["prompt_mask"].sum() + out["completion_mask"].sum())
             return out
 
         self.trainer._generate_and_score_completions = counted_generate_and_score
@@ -255,7 +290,7 @@ class TrlRunner:
         return {"threads": torch.get_num_threads(), "trl": self.trl_version, **process_memory_mb()}
 
     def _start_step(self) -> None:
-        self._acc.update(samples=0, tokens=0, rewards=[])
+        self._acc.update(samples=0, tokens=0, rewards=[], train_padded_tokens=0, train_real_tokens=0)
         self.rollout_clock.reset()
         self._t0, self._c0 = time.perf_counter(), time.process_time()
 
@@ -264,6 +299,7 @@ class TrlRunner:
         a = self._acc
         rewards = a["rewards"]
         return {**self.rollout_clock.split(wall, cpu), "samples": a["samples"], "tokens": a["tokens"],
+                "train_padded_tokens": a["train_padded_tokens"], "train_real_tokens": a["train_real_tokens"],
                 "reward_mean": sum(rewards) / len(rewards) if rewards else None, **process_memory_mb()}
 
     def evaluate(self) -> dict[str, Any]:
@@ -291,7 +327,7 @@ class TrlRunner:
 
 def worker_main(conn: Connection, payload: dict[str, Any]) -> None:
     """Entry point of a worker process: output to ``payload["log"]``, build the runner, serve commands."""
-    log = open(payload["log"], "a", buffering=1)  # noqa: SIM115 - the process's stdout / stderr until it ends
+    log = open(payload["log"], "a", buffering=1)  # the process's stdout / stderr until it ends
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log

@@ -34,6 +34,8 @@ Tools with their own flags (everything after the name goes to the tool; ``ulorl-
                   runs read back from MLflow (ulorl.bench.learning_signal): ulorl-bench learning-signal
   warmstart-rebuild  the shipped warm-start recipe from scratch (the shipped build: 46 min), a held-out check,
                   side by side with the shipped build (ulorl.bench.warmstart_rebuild)
+  peer            ulorl side by side with TRL's GRPOTrainer at equal settings, interleaved; needs the 'peer'
+                  extra for TRL (ulorl.bench.peer): ulorl-bench peer --steps 12 --repeats 2 --out peer.json
   sp-memory       per-rank activation memory, SP = 1 vs N, under torch.distributed.run (ulorl.bench.sp):
                   ulorl-bench sp-memory --nproc 2 --seq-len 8192
   traffic         control-traffic bytes per update of a 2-rank DeepSpeed run, under torch.distributed.run,
@@ -68,6 +70,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "fill-effect": ("ulorl.bench.fill_effect", "algo.dynamic_sampling_fill off vs on: time per step, signal"),
     "learning-signal": ("ulorl.bench.learning_signal", "cohort reward rise and held-out avg@k over seeds (real runs)"),
     "warmstart-rebuild": ("ulorl.bench.warmstart_rebuild", "rebuild the embedded warm start from scratch, check it"),
+    "peer": ("ulorl.bench.peer", "ulorl vs TRL's GRPOTrainer at equal settings: time, samples/s, memory, score"),
 }
 # subcommand -> (module run under torch.distributed.run, run by file path?, help line)
 DISTRIBUTED_TOOLS: dict[str, tuple[str, bool, str]] = {

@@ -23,7 +23,7 @@ from ulorl.rollout.engines.vllm import (
     logprob_settings,
     model_runner_v2,
     native_transfer_problem,
-    nccl_init_infos,
+    nccl_group_init_info,
     shared_gpu_problem,
 )
 from ulorl.rollout.engines.vllm_ext import (
@@ -166,12 +166,14 @@ def test_native_transfer_layouts():
     assert engine_environment("nccl") == {} == engine_environment("stream")
 
 
-def test_each_engine_gets_its_own_nccl_rendezvous():
-    ports = iter([29600, 29600, 29601, 29602])                  # a port handed back twice is skipped
-    infos = nccl_init_infos([1, 2, 1], bucket_bytes=1 << 20, master_address="10.0.0.1", port=lambda: next(ports))
-    assert [i["master_port"] for i in infos] == [29600, 29601, 29602]
-    assert [i["world_size"] for i in infos] == [2, 3, 2]        # the trainer + the engine's TP workers
-    assert all(i["rank"] == 0 and i["master_address"] == "10.0.0.1" for i in infos)
+def test_every_engine_joins_one_nccl_group_at_its_own_ranks():
+    info, offsets = nccl_group_init_info([1, 2, 1], bucket_bytes=1 << 20, master_address="10.0.0.1", master_port=29600)
+    assert info["world_size"] == 1 + 1 + 2 + 1                  # the trainer + every engine's TP workers
+    assert offsets == [1, 2, 4]                                  # engine j's workers: offset .. offset + tp - 1
+    assert info["rank"] == 0 and info["master_port"] == 29600 and info["master_address"] == "10.0.0.1"
+    assert info["packed"] is True and info["packed_buffer_size_bytes"] == 1 << 20
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        nccl_group_init_info([1, 0], bucket_bytes=1, master_address="x", master_port=1)
 
 
 # ---------------------------------------------------------------- finding 5: configuration

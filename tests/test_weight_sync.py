@@ -156,7 +156,7 @@ def test_engine_options_reach_vllm_arguments():
     assert engine_options() == {"tensor_parallel_size": 1}
     opts = engine_options(tensor_parallel_size=2, colocate=True, weight_transfer="nccl",
                           hf_overrides={"max_position_embeddings": 135168})
-    assert opts == {"tensor_parallel_size": 2, "enable_sleep_mode": True,
+    assert opts == {"tensor_parallel_size": 2, "distributed_executor_backend": "mp", "enable_sleep_mode": True,
                     "weight_transfer_config": {"backend": "nccl"},
                     "hf_overrides": {"max_position_embeddings": 135168}}
     with pytest.raises(ValueError, match="tensor_parallel_size"):

@@ -30,6 +30,8 @@ Tools with their own flags (everything after the name goes to the tool; ``ulorl-
   reward-cost     per-item reward cost, main thread vs scorer workers (ulorl.bench.reward_cost)
   entropy-effect  first-order entropy change per token class of one update (ulorl.bench.entropy_effect)
   fill-effect     algo.dynamic_sampling_fill off vs on: time per step, learning signal (ulorl.bench.fill_effect)
+  native-sync     ZeRO-3 gathers, copies and broadcast bytes of one native NCCL weight update to N engines
+                  (vLLM side venv; ulorl.bench.native_sync): ulorl-bench native-sync --engines 1,4
   sp-memory       per-rank activation memory, SP = 1 vs N, under torch.distributed.run (ulorl.bench.sp):
                   ulorl-bench sp-memory --nproc 2 --seq-len 8192
   traffic         control-traffic bytes per update of a 2-rank DeepSpeed run, under torch.distributed.run,
@@ -62,6 +64,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "reward-cost": ("ulorl.bench.reward_cost", "per-item reward cost: main thread vs RewardScorer workers"),
     "entropy-effect": ("ulorl.bench.entropy_effect", "first-order entropy change per token class of one update"),
     "fill-effect": ("ulorl.bench.fill_effect", "algo.dynamic_sampling_fill off vs on: time per step, signal"),
+    "native-sync": ("ulorl.bench.native_sync", "ZeRO-3 gathers / copies / broadcasts of one native NCCL weight update"),
 }
 # subcommand -> (module run under torch.distributed.run, run by file path?, help line)
 DISTRIBUTED_TOOLS: dict[str, tuple[str, bool, str]] = {

@@ -51,6 +51,9 @@ __all__ = [
     "plan_buckets",
     "push_weights",
     "WeightSource",
+    "WeightMeta",
+    "WeightStreamFactory",
+    "stream_metadata",
     "tensor_nbytes",
     "unpack_bucket",
 ]
@@ -254,6 +257,34 @@ def open_shared_bucket(path: str) -> list[tuple[str, torch.Tensor]]:
     return unpack_bucket(mm)  # the views keep the mapping alive; it unmaps when they are freed
 
 
+WeightMeta = tuple[str, torch.dtype, tuple[int, ...]]
+
+
+class WeightStreamFactory:
+    """Fresh full-weight streams (``factory()``, a collective under ZeRO-3) plus what every stream
+    holds, known without one (``factory.metadata()``: ``(name, dtype, full shape)`` per tensor, in
+    stream order; ZeRO-3 reads ``ds_shape``). A native weight transfer sizes the engines' receive
+    buffers from the metadata and walks ONE stream per update."""
+
+    def __init__(self, stream: Callable[[], WeightStream], metadata: Callable[[], list[WeightMeta]]) -> None:
+        self._stream = stream
+        self._metadata = metadata
+
+    def __call__(self) -> WeightStream:
+        return self._stream()
+
+    def metadata(self) -> list[WeightMeta]:
+        return self._metadata()
+
+
+def stream_metadata(factory: Callable[[], WeightStream]) -> list[WeightMeta]:
+    """``(name, dtype, shape)`` of each tensor of ``factory``'s streams: a ``WeightStreamFactory``'s own
+    (no stream walked), else one stream walked for it (a gather under ZeRO-3; no tensor kept)."""
+    if isinstance(factory, WeightStreamFactory):
+        return factory.metadata()
+    return [(name, t.dtype, tuple(t.shape)) for name, t in named_tensors(factory())]
+
+
 class WeightSource(Protocol):
     """What ``push_weights`` reads of a training backend (``ulorl.train.backend.TrainBackend`` has both)."""
 
@@ -272,7 +303,8 @@ def push_weights(engine: Engine, backend: WeightSource, version: int) -> None:
 
     Engines that stream weights (``engine.streams_weights``: vLLM, Ray engine actors) get the
     backend's factory of lazy weight streams (``rollout_weight_stream``: gathered per bucket under
-    ZeRO-3) through ``update_weights_from`` (native transfer walks it twice; ``stream`` buckets one);
+    ZeRO-3, the trainer's own device tensors, a ``WeightStreamFactory`` that knows their shapes)
+    through ``update_weights_from``, which walks one stream per update for every engine;
     other engines (the in-process HF engine, which shares or copies tensors), and every engine of a
     backend without a stream, get ``state_dict_for_rollout()``. Every rank of a data-parallel
     backend must call this (ZeRO-3 gathers are collective); the worker ranks' streams are consumed
@@ -280,6 +312,6 @@ def push_weights(engine: Engine, backend: WeightSource, version: int) -> None:
     """
     stream = backend.rollout_weight_stream
     if stream is not None and engine.streams_weights:
-        engine.update_weights_from(stream, version)   # native transfer reads the stream twice (metadata, tensors)
+        engine.update_weights_from(stream, version)
     else:
         engine.update_weights(backend.state_dict_for_rollout(), version)

@@ -119,7 +119,7 @@ class RemoteEngine(EngineBase):
         self.asleep = False
         self.described = described
         self.weight_transfer = described[0]["weight_transfer"]
-        self._senders: Optional[list[Any]] = None
+        self._native: Optional[Any] = None   # the NativeSender of every engine (weight_transfer nccl)
 
     def generate(self, requests: list[Any], sampling: Any) -> list[Any]:
         import ray
@@ -170,46 +170,47 @@ class RemoteEngine(EngineBase):
         self.asleep = False   # each actor's engine woke for its load
 
     def update_weights_from(self, stream_factory: Callable[[], Iterable[tuple[str, Any]]], version: int) -> None:
-        """One weight update from fresh full-weight streams (``backend.named_weights_for_rollout``).
+        """One weight update from fresh full-weight streams (``backend.rollout_weight_stream``).
 
         ``stream``: bucketed through Ray (``update_weights_streamed``). ``nccl``: vLLM's trainer-side
         NCCL sender runs HERE, in the trainer's rank 0 with its own GPU (vLLM examples/rl/rlhf_nccl.py),
-        one sender per engine actor on its own port, driving the actor through vLLM's own
-        ``RayVLLMWeightSyncClient``; each round reads the stream twice (metadata, then the tensors
-        moved to this GPU).
+        ONE sender for every engine actor: the actors' workers share one NCCL group
+        (``nccl_group_init_info``), driven together through ``EngineGroupSyncClient``, so each update
+        walks one stream (one ZeRO-3 gather) and broadcasts each packed buffer once, from the
+        trainer's device tensors; the metadata is read locally (``WeightStreamFactory``).
         """
         import ray
 
         if self.weight_transfer == "stream":
             self.update_weights_streamed(stream_factory(), version)
             return
-        if self._senders is None:
-            self._senders = self._nccl_senders()
-        for sender in self._senders:
-            sender.send(stream_factory)
+        if self._native is None:
+            self._native = self._nccl_group_sender()
+        self._native.send(stream_factory)
         ray.get([h.update_weight_version.remote(str(version)) for h in self.handles])
         self.policy_version = int(version)
+        self.last_update_messages = 1
         self.asleep = False
 
-    def _nccl_senders(self) -> list[Any]:
+    def _nccl_group_sender(self) -> Any:
         import ray
         import torch
-        from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
 
         from ulorl.rollout.checkpoint_names import conversion_model
-        from ulorl.rollout.engines.vllm import NativeSender, native_transfer_problem, nccl_init_infos
+        from ulorl.rollout.engines.vllm import NativeSender, native_transfer_problem, nccl_group_init_info
         from ulorl.train.distributed import free_port
 
         problem = native_transfer_problem(self.weight_transfer, in_trainer_process=False, world_size=1,
                                           tensor_parallel_size=1, colocate=self.colocate)
         if problem:
             raise ValueError(problem)
-        device = torch.device("cuda", torch.cuda.current_device())
-        infos = nccl_init_infos([d["tensor_parallel_size"] for d in self.described], bucket_bytes=self.bucket_bytes,
-                                master_address=ray.util.get_node_ip_address(), port=free_port)
+        # the trainer's own GPU: tensors already there are sent as they are (no copy)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        info, offsets = nccl_group_init_info([d["tensor_parallel_size"] for d in self.described],
+                                             bucket_bytes=self.bucket_bytes,
+                                             master_address=ray.util.get_node_ip_address(), master_port=free_port())
         names_model = conversion_model(self.described[0]["model"])
-        return [NativeSender("nccl", info, RayVLLMWeightSyncClient(h), [None], names_model, device)
-                for h, info in zip(self.handles, infos)]
+        return NativeSender("nccl", info, EngineGroupSyncClient(self.handles, offsets), [None], names_model, device)
 
     def sleep(self) -> None:
         """Colocated engines: every actor's engine frees its GPU memory until the next weight push."""
@@ -217,6 +218,53 @@ class RemoteEngine(EngineBase):
 
         ray.get([h.sleep.remote() for h in self.handles])
         self.asleep = True
+
+
+class EngineGroupSyncClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over engine actors whose workers share ONE NCCL group.
+
+    vLLM's own ``RayVLLMWeightSyncClient`` fans a call out to several actors with the same arguments,
+    which suits the data-parallel ranks of one engine; separate engines need their own place in the
+    group, so ``init_weight_transfer_engine`` hands actor ``j`` its ``rank_offset`` (``rank_offsets[j]``,
+    from ``nccl_group_init_info``). Every call goes to all actors at once and waits for all: the NCCL
+    rendezvous and each broadcast need every worker inside the same call.
+    """
+
+    def __init__(self, handles: list[Any], rank_offsets: list[int]) -> None:
+        if len(handles) != len(rank_offsets):
+            raise ValueError(f"{len(handles)} engine actors but {len(rank_offsets)} rank offsets")
+        self.handles = handles
+        self.rank_offsets = rank_offsets
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        import ray
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        ray.get([h.init_weight_transfer_engine.remote(WeightTransferInitRequest(init_info={**init_info,
+                                                                                          "rank_offset": off}))
+                 for h, off in zip(self.handles, self.rank_offsets)])
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        import ray
+
+        ray.get([h.shutdown_weight_transfer_engine.remote() for h in self.handles])
+
+    def start_weight_update(self) -> None:
+        import ray
+
+        ray.get([h.start_weight_update.remote() for h in self.handles])
+
+    def update_weights(self, update_info: Any) -> None:
+        import ray
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        request = WeightTransferUpdateRequest(update_info=update_info)
+        ray.get([h.update_weights.remote(request) for h in self.handles])
+
+    def finish_weight_update(self, weight_version: Optional[str] = None) -> None:
+        import ray
+
+        ray.get([h.finish_weight_update.remote() for h in self.handles])
 
 
 def _sum_stats(stats: list[Any]) -> Any:
@@ -304,7 +352,7 @@ class EngineActor:
         self.engine.close()
 
     # vLLM's weight-sync protocol (``VLLMWeightSyncClient``, the methods of its offline ``LLM``): the
-    # trainer's rank 0 drives native transfer through vLLM's own ``RayVLLMWeightSyncClient`` over this actor
+    # trainer's rank 0 drives native transfer through ``EngineGroupSyncClient`` over every engine actor
     def init_weight_transfer_engine(self, request: Any) -> None:
         self._vllm.llm.init_weight_transfer_engine(request)
 
@@ -486,6 +534,15 @@ def _own_placement_group(cfg: ExperimentConfig, bundles: list[dict[str, float]],
     return pg
 
 
+def bundle_options(pg: Any, bundle: dict[str, float], index: int) -> dict[str, Any]:
+    """Ray actor options that put an actor in bundle ``index`` of ``pg`` holding all of ``bundle``
+    (CPUs and GPUs: a Ray actor sees exactly the GPUs it holds)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0.0),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)}
+
+
 def _worker_env(i: int, trainer_info: list[dict[str, Any]], master: tuple[str, int],
                 gpu_workers: bool) -> dict[str, str]:
     """torch.distributed environment of trainer worker ``i`` (LOCAL_RANK: its index among the
@@ -558,7 +615,6 @@ def run_placement(
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray.util.queue import Queue
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from ulorl.tracking import resolve_tracking_uri
     from ulorl.tracking.credentials import current_credentials
@@ -586,10 +642,7 @@ def run_placement(
             own_pg = pg = _own_placement_group(cfg, bundles, strategy)
 
         def opts(i: int) -> dict[str, Any]:
-            b = bundles[i]
-            return {"num_cpus": b["CPU"], "num_gpus": b.get("GPU", 0.0),
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        pg, placement_group_bundle_index=offset + i)}
+            return bundle_options(pg, bundles[i], offset + i)
 
         # Any: Ray types an actor handle's methods as plain callables, without their .remote
         # named (ulorl-engine-<j>-<pid>): a diagnostic can reach an engine during the run

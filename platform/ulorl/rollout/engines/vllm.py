@@ -42,10 +42,12 @@ What the engine guarantees (same contract as the HF engine, ``rollout/types.py``
   trainer's rank 0 on its own GPU (nccl: engines in Ray actors, one rendezvous port each, driven
   through vLLM's ``RayVLLMWeightSyncClient``; ipc: one trainer process colocated with a TP-1
   engine), see ``native_transfer_problem``.
-- **Tensor parallelism**: ``tensor_parallel_size`` > 1 runs vLLM's multiprocess executor (on a
-  CPU build threads must be bound by hand: ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``, which the
-  engine sets when unset); on GPUs inside a Ray placement group pass
-  ``distributed_executor_backend="ray"`` through ``llm_kwargs``.
+- **Tensor parallelism**: ``tensor_parallel_size`` > 1 runs vLLM's multiprocess executor on the
+  devices this process sees, asked for explicitly (``executor_backend``): inside a Ray placement
+  group (an engine actor, a Tune trial) vLLM 0.32 would pick its Ray executor by itself, which
+  refuses the actor's ``{GPU: gpus_per_engine}`` bundle ("cannot have more than 1 GPU") and does not
+  run on a CPU build at all. On a CPU build threads must be bound by hand:
+  ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``, which the engine sets when unset.
 - **Colocation** (``colocate=True``): ``enable_sleep_mode``; ``sleep()`` (level 2: weights and KV
   cache dropped) frees the engine's GPU memory before the trainer's update, the weight update wakes
   the weights, loads, then wakes the KV cache. vLLM's CPU build refuses sleep mode, so the
@@ -107,13 +109,16 @@ from ulorl.rollout.types import (
 from ulorl.rollout.weight_sync import (
     DEFAULT_BUCKET_MB,
     SharedBucket,
+    WeightStreamFactory,
     bucket_bytes_from_mb,
     bucketize,
     named_tensors,
     pack_bucket,
+    stream_metadata,
 )
 
-__all__ = ["VLLMEngine", "vllm_sampling_kwargs", "request_seed_64", "engine_options", "rope_overrides",
+__all__ = ["VLLMEngine", "vllm_sampling_kwargs", "request_seed_64", "engine_options", "executor_backend",
+           "rope_overrides",
            "WEIGHT_TRANSFERS", "COLOCATE_CPU_MESSAGE"]
 
 log = logging.getLogger("ulorl.rollout.vllm")
@@ -203,17 +208,35 @@ def rope_overrides(config: Any) -> dict[str, Any]:
     return out
 
 
+def executor_backend(tensor_parallel_size: int) -> Optional[str]:
+    """vLLM's ``distributed_executor_backend`` for an engine of this size (pure): None (vLLM's
+    one-process executor) at TP 1, ``"mp"`` beyond.
+
+    The multiprocess executor starts one worker per TP rank on the devices this process sees: a Ray
+    engine actor sees exactly the GPUs of its ``{GPU: gpus_per_engine}`` bundle. Left unset, vLLM 0.32
+    picks ``"ray"`` whenever the process runs inside a Ray placement group (``config/parallel.py``,
+    ``get_current_placement_group()``), and its Ray executor accepts only single-GPU bundles
+    (``v1/executor/ray_utils.py``, ``initialize_ray_cluster``: "Placement group bundle cannot have
+    more than 1 GPU"; on a CPU build, no Ray support at all).
+    """
+    return "mp" if int(tensor_parallel_size) > 1 else None
+
+
 def engine_options(*, tensor_parallel_size: int = 1, colocate: bool = False, weight_transfer: str = "stream",
                    hf_overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The scale-related ``vllm.LLM`` keyword arguments (pure; no vLLM import).
 
-    ``tensor_parallel_size`` as given; ``enable_sleep_mode`` for colocation;
+    ``tensor_parallel_size`` as given, with ``distributed_executor_backend`` from
+    ``executor_backend`` beyond TP 1; ``enable_sleep_mode`` for colocation;
     ``weight_transfer_config`` for native transfer (built from a dict by vLLM's arg parsing);
     ``hf_overrides`` (rope parameters) when given.
     """
     if tensor_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
     opts: dict[str, Any] = {"tensor_parallel_size": int(tensor_parallel_size)}
+    backend = executor_backend(tensor_parallel_size)
+    if backend is not None:
+        opts["distributed_executor_backend"] = backend
     if colocate:
         opts["enable_sleep_mode"] = True
     if weight_transfer != "stream":
@@ -279,19 +302,23 @@ def native_trainer_init_info(backend: str, *, tensor_parallel_size: int, bucket_
     raise ValueError(f"native weight transfer backend must be 'nccl' or 'ipc', got {backend!r}")
 
 
-def nccl_init_infos(tensor_parallel_sizes: Sequence[int], *, bucket_bytes: int, master_address: str,
-                    port: Callable[[], int]) -> list[dict[str, Any]]:
-    """One ``native_trainer_init_info("nccl")`` per engine, each on its own port from ``port()``
-    (a free port of the trainer's node): two engines never share a rendezvous."""
-    infos, seen = [], set()
+def nccl_group_init_info(tensor_parallel_sizes: Sequence[int], *, bucket_bytes: int, master_address: str,
+                         master_port: int) -> tuple[dict[str, Any], list[int]]:
+    """ONE NCCL group for every engine (pure): the trainer's ``native_trainer_init_info("nccl")`` with
+    ``world_size`` 1 + the engines' TP workers together, and each engine's ``rank_offset`` (its
+    workers take ranks ``offset .. offset + tp - 1``; vLLM's worker rank is ``rank_offset`` + its
+    rank in the engine, ``nccl_common.worker_init_process_group``). One packed broadcast from rank 0
+    then reaches every engine: one trainer-side stream (one ZeRO-3 gather) per update, whatever the
+    number of engines."""
+    offsets, nxt = [], 1
     for tp in tensor_parallel_sizes:
-        p = int(port())
-        while p in seen:      # free_port can hand the same port back once it is released
-            p = int(port())
-        seen.add(p)
-        infos.append(native_trainer_init_info("nccl", tensor_parallel_size=tp, bucket_bytes=bucket_bytes,
-                                              master_address=master_address, master_port=p))
-    return infos
+        if int(tp) < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+        offsets.append(nxt)
+        nxt += int(tp)
+    info = native_trainer_init_info("nccl", tensor_parallel_size=nxt - 1, bucket_bytes=bucket_bytes,
+                                    master_address=master_address, master_port=master_port)
+    return info, offsets
 
 
 NCCL_IN_PROCESS_MESSAGE = (
@@ -358,25 +385,27 @@ class _LLMSyncClient:
 
 
 def weight_source(stream_factory: Callable[[], Iterable[tuple[str, torch.Tensor]]], names_model: Any,
-                  device: torch.device | str) -> Any:
-    """vLLM ``WeightSource`` over the trainer's weights, sent from ``device`` (the sender's GPU).
+                  device: Optional[torch.device | str]) -> Any:
+    """vLLM ``WeightSource`` over the trainer's weights (checkpoint names, ``to_checkpoint_names``).
 
-    ``stream_factory()`` gives a fresh ``(name, tensor)`` stream of the full weights each call
-    (the ZeRO-3 backend gathers one bucket at a time). ``metadata()`` walks one stream for names,
-    dtypes and shapes (checkpoint layout, ``to_checkpoint_names``) and keeps no tensor; iteration
-    walks another and moves each tensor to ``device``: vLLM's NCCL broadcast and IPC handles
-    take device tensors. Two gathers per round, never the whole model held at once.
+    ``metadata()``: names, dtypes and full shapes from ``stream_metadata(stream_factory)`` — local
+    for the backends' ``WeightStreamFactory`` (ZeRO-3 ``ds_shape``), converted to the checkpoint
+    layout on meta tensors: no stream walked, nothing gathered. Iteration walks one fresh stream
+    (``stream_factory()``: ZeRO-3 gathers one bucket at a time) and hands each tensor on where it
+    is; ``device`` (the sender's GPU) moves only a tensor that is elsewhere (``Tensor.to`` of a
+    tensor already there is the tensor itself). One gather per round, no host copy.
     """
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
     class _Source(WeightSource):
         def metadata(self) -> list[Any]:
-            return [ParamMeta(n, t.dtype, tuple(t.shape))
-                    for n, t in to_checkpoint_names(names_model, named_tensors(stream_factory()))]
+            shells = ((n, torch.empty(shape, dtype=dtype, device="meta"))
+                      for n, dtype, shape in stream_metadata(stream_factory))
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in to_checkpoint_names(names_model, shells)]
 
         def __iter__(self) -> Any:
             for n, t in to_checkpoint_names(names_model, named_tensors(stream_factory())):
-                yield n, t.to(device)
+                yield n, (t if device is None else t.to(device))
 
     return _Source()
 
@@ -385,14 +414,16 @@ class NativeSender:
     """vLLM 0.32's trainer-side weight transfer to one engine, in the TRAINER's process (rank 0).
 
     ``WeightTransferTrainerFactory.trainer_init(info, client=..., source=...)`` (the trainer opens
-    its NCCL endpoint as rank 0 while the engine's workers join through ``client``; IPC needs no
+    its NCCL endpoint as rank 0 while the engines' workers join through ``client``; IPC needs no
     rendezvous), then ``send`` runs one round (``send_weights``: start, packed broadcast / IPC
-    handles in buffers of the bucket size, finish). ``client`` is a ``VLLMWeightSyncClient``: vLLM's
-    own ``RayVLLMWeightSyncClient`` over an engine actor, or ``_LLMSyncClient`` in process.
+    handles in buffers of the bucket size, finish) from one trainer-side stream. ``client`` is a
+    ``VLLMWeightSyncClient``: ``EngineGroupSyncClient`` over every engine actor of one NCCL group
+    (``ulorl.scale.placement``), or ``_LLMSyncClient`` in process. ``device`` None: tensors are sent
+    from where the stream holds them.
     """
 
     def __init__(self, backend: str, init_info: dict[str, Any], client: Any,
-                 stream_holder: list[Any], names_model: Any, device: torch.device | str) -> None:
+                 stream_holder: list[Any], names_model: Any, device: Optional[torch.device | str]) -> None:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         if backend == "nccl":
@@ -404,7 +435,8 @@ class NativeSender:
         def fresh() -> Iterable[tuple[str, torch.Tensor]]:
             return self._holder[0]()
 
-        self.source = weight_source(fresh, names_model, device)
+        self.source = weight_source(WeightStreamFactory(fresh, lambda: stream_metadata(self._holder[0])),
+                                    names_model, device)
         self._trainer = WeightTransferTrainerFactory.trainer_init(Info(**init_info), client=client, source=self.source)
 
     def send(self, stream_factory: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
@@ -724,7 +756,7 @@ class VLLMEngine(EngineBase):
         stream to ``NativeWeightTransfer`` instead. Colocated engines wake their weights first and
         their KV cache after the load.
         """
-        if self.weight_transfer != "stream":   # two passes (metadata, send): hold this round's stream
+        if self.weight_transfer != "stream":   # a one-shot stream: its metadata is read off the held list
             items = list(named_tensors(weights))
             self.update_weights_from(lambda: iter(items), version)
             return
@@ -777,8 +809,9 @@ class VLLMEngine(EngineBase):
         """One weight update from ``stream_factory()`` (fresh full-weight streams, HF names).
 
         ``stream``: one stream, bucketed (``update_weights_streamed``). Native IPC (the engine in
-        this process, colocated on the trainer's GPU): vLLM's trainer-side sender here, reading the
-        stream twice (metadata, then the tensors moved to this process's CUDA device).
+        this process, colocated on the trainer's GPU): vLLM's trainer-side sender here, one stream
+        walked per update, its tensors handed over where the trainer holds them (this process's
+        CUDA device), the metadata read locally (``weight_source``).
         """
         if self.weight_transfer == "stream":
             self.update_weights_streamed(stream_factory(), version)

@@ -73,6 +73,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -109,11 +110,14 @@ from ulorl.rollout.types import (
 from ulorl.rollout.weight_sync import (
     DEFAULT_BUCKET_MB,
     SharedBucket,
+    SharedMemoryFull,
     WeightStreamFactory,
     bucket_bytes_from_mb,
     bucketize,
+    choose_weight_sync_transport,
     named_tensors,
     pack_bucket,
+    shm_free_bytes,
     stream_metadata,
 )
 
@@ -525,6 +529,64 @@ def shared_gpu_problem(model: Any, colocate: bool, gpu_memory_utilization: float
                                          cap=SHARED_GPU_UTILIZATION_CAP)
 
 
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8}
+
+
+def largest_weight_bytes(model_dir: str | Path, dtype: str = "auto") -> int:
+    """Bytes of the largest weight a checkpoint's ``config.json`` implies (pure read; 0 when unknown): the
+    embedding / LM head ``vocab_size x hidden_size`` or an MLP matrix, in ``dtype`` (``auto``: the
+    config's own dtype). Sizes /dev/shm for the bucketed update before any weight exists."""
+    cfg_file = Path(model_dir) / "config.json"
+    if not cfg_file.is_file():
+        return 0
+    cfg = json.loads(cfg_file.read_text())
+    cfg = cfg.get("text_config", cfg)
+    hidden = int(cfg.get("hidden_size", 0) or 0)
+    dims = [int(cfg.get(k, 0) or 0) for k in ("vocab_size", "intermediate_size")]
+    name = dtype if dtype not in ("auto", None) else str(cfg.get("dtype", cfg.get("torch_dtype", "float32")))
+    return max(dims, default=0) * hidden * _DTYPE_BYTES.get(name.removeprefix("torch."), 4)
+
+
+GPU_MEMORY_MESSAGE = (
+    "rollout.vllm_gpu_memory_utilization={util} asks vLLM for {want:.1f} GiB of {device} ({total:.1f} GiB) but only "
+    "{free:.1f} GiB is free{why}: vLLM would refuse to start (free memory below utilization x total); "
+    "{fix}"
+)
+
+
+def gpu_memory_problem(free_bytes: int, total_bytes: int, utilization: float, device: str,
+                       colocate: bool) -> Optional[str]:
+    """Why vLLM would refuse to start on ``device`` with this much free memory, or None (pure).
+
+    vLLM 0.32's worker requests ``ceil(total x gpu_memory_utilization)`` and raises when the free memory
+    at start-up is below it (``v1/worker/utils.py``, ``request_memory``). A colocated engine starts beside
+    the trainer's resident state (ZeRO-3 partitions, optimizer, gradients), so the fix names the largest
+    utilization that fits what is free now, in hundredths, one hundredth below it.
+    """
+    want = math.ceil(total_bytes * utilization)
+    if free_bytes >= want:
+        return None
+    fits = math.floor(100 * free_bytes / total_bytes) / 100 - 0.01 if total_bytes else 0.0
+    gib = float(1 << 30)
+    why = " beside the trainer's state (rollout.colocate=true)" if colocate else ""
+    fix = (f"set rollout.vllm_gpu_memory_utilization={fits:.2f}" if fits >= 0.05 else
+           "free GPU memory for the engine (rollout.colocate=false with --ray puts engines on their own GPUs)")
+    return GPU_MEMORY_MESSAGE.format(util=utilization, want=want / gib, device=device, total=total_bytes / gib,
+                                     free=free_bytes / gib, why=why, fix=fix)
+
+
+def _cuda_device_of(model: Any) -> Optional[torch.device]:
+    """The CUDA device of ``model``'s first parameter; else this process's current CUDA device when
+    there is one (an engine actor's own GPU); None on a CPU machine."""
+    params = getattr(model, "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    if first is not None and first.device.type == "cuda":
+        return torch.device(first.device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
 def _config_eos(model_dir: Path) -> Optional[int]:
     cfg_file = model_dir / "config.json"
     if not cfg_file.exists():
@@ -564,7 +626,7 @@ class VLLMEngine(EngineBase):
         tensor_parallel_size: int = 1,
         weight_sync_bucket_mb: float = DEFAULT_BUCKET_MB,
         weight_transfer: str = "stream",
-        weight_sync_transport: str = "shm",
+        weight_sync_transport: str = "auto",
         colocate: bool = False,
         hf_overrides: Optional[dict[str, Any]] = None,
         llm_kwargs: Optional[dict[str, Any]] = None,
@@ -618,11 +680,22 @@ class VLLMEngine(EngineBase):
         if weight_transfer not in WEIGHT_TRANSFERS:
             raise ValueError(f"rollout.weight_transfer must be one of {WEIGHT_TRANSFERS}, got {weight_transfer!r}")
         self.weight_transfer = weight_transfer
-        if weight_sync_transport not in ("shm", "inline"):
-            raise ValueError(f"weight_sync_transport must be 'shm' or 'inline', got {weight_sync_transport!r}")
-        self.weight_sync_transport = weight_sync_transport
         self._native: Optional[Any] = None
         self._llm: Any = None
+        # /dev/shm or inline buckets, decided before the engine starts (a full tmpfs is a SIGBUS, not an
+        # error); native transfer sends no bucket through either
+        self.requested_transport = weight_sync_transport
+        try:
+            self.weight_sync_transport = choose_weight_sync_transport(
+                weight_sync_transport, bucket_bytes=self.bucket_bytes,
+                largest_tensor_bytes=largest_weight_bytes(model_dir, dtype),
+                free_bytes=shm_free_bytes()) if weight_transfer == "stream" else "inline"
+        except ValueError:
+            self.close()
+            raise
+        if weight_transfer == "stream" and weight_sync_transport == "auto" and self.weight_sync_transport == "inline":
+            log.warning("weight sync: /dev/shm has %s MiB free, less than two buckets: buckets travel inline "
+                        "(rollout.weight_sync_transport=auto)", (shm_free_bytes() or 0) >> 20)
 
         on_cpu = current_platform.is_cpu()
         if on_cpu and self.colocate:
@@ -772,8 +845,9 @@ class VLLMEngine(EngineBase):
                 n = len(bucket)
                 sent += n
                 nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-                if self.weight_sync_transport == "shm":
-                    with SharedBucket(bucket) as shared:
+                shared = self._shared_bucket(bucket)
+                if shared is not None:
+                    with shared:
                         del bucket
                         got = llm.collective_rpc(BUCKET_METHOD, args=(shared.path,))
                 else:
@@ -792,6 +866,21 @@ class VLLMEngine(EngineBase):
         self.last_update_messages = messages
         self.last_update_bytes = nbytes
         self.last_update_s = time.perf_counter() - t0
+
+    def _shared_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> Optional[SharedBucket]:
+        """The bucket as a /dev/shm file, or None to send it inline: ``auto`` moves to inline for good
+        when /dev/shm has filled up since the engine started; an explicit ``shm`` is refused."""
+        if self.weight_sync_transport != "shm":
+            return None
+        try:
+            return SharedBucket(bucket)
+        except SharedMemoryFull as exc:
+            if self.requested_transport != "auto":
+                raise ValueError(f"{exc}: set rollout.weight_sync_transport=inline (or auto), or lower "
+                                 f"rollout.weight_sync_bucket_mb") from exc
+            log.warning("weight sync: %s; buckets travel inline from now on (rollout.weight_sync_transport=auto)", exc)
+            self.weight_sync_transport = "inline"
+            return None
 
     def updated_to(self, version: int) -> None:
         """End of any weight update: a slept engine gets its KV cache back, the prefix cache (built
@@ -928,8 +1017,12 @@ class VLLMEngine(EngineBase):
             first = next(iter(params()), None) if callable(params) else None
             dtype = str(first.dtype).removeprefix("torch.") if first is not None else "auto"
         colocate = bool(getattr(rollout_cfg, "colocate", False))
-        problem = (shared_gpu_problem(model, colocate, rollout_cfg.vllm_gpu_memory_utilization)
-                   if in_trainer_process else None)
+        util = float(rollout_cfg.vllm_gpu_memory_utilization)
+        problem = shared_gpu_problem(model, colocate, util) if in_trainer_process else None
+        device = _cuda_device_of(model)
+        if problem is None and device is not None:   # before the engine starts: vLLM's own free-memory check
+            free, total = torch.cuda.mem_get_info(device)
+            problem = gpu_memory_problem(int(free), int(total), util, str(device), colocate)
         if problem:
             raise ValueError(problem)
         max_len = getattr(rollout_cfg, "engine_max_model_len", None) or (
@@ -953,6 +1046,7 @@ class VLLMEngine(EngineBase):
             tensor_parallel_size=tp,
             weight_sync_bucket_mb=getattr(rollout_cfg, "weight_sync_bucket_mb", DEFAULT_BUCKET_MB),
             weight_transfer=getattr(rollout_cfg, "weight_transfer", "stream"),
+            weight_sync_transport=getattr(rollout_cfg, "weight_sync_transport", "auto"),
             colocate=colocate,
             hf_overrides=rope_overrides(config) if source is not model else None,
             in_trainer_process=in_trainer_process,

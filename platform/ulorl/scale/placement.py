@@ -51,6 +51,7 @@ from ulorl.scale.layout import (
     placement_strategy,
     validate_layout,
 )
+from ulorl.scale.multinode import RunDirProbe, answer_probe, one_per_node, served_params, store_plan
 
 if TYPE_CHECKING:
     from ulorl.config import ExperimentConfig
@@ -329,6 +330,9 @@ class EngineActor:
     def info(self) -> dict[str, Any]:
         return _node_info()
 
+    def sees_run_dir(self, path: str, token: str, roles: list[str]) -> dict[str, Any]:
+        return answer_probe(path, token, _node_info(), roles)
+
     def describe(self) -> dict[str, Any]:
         """What the trainer's ``RemoteEngine`` mirrors: the engine's context limit and colocation."""
         from ulorl.rollout.engines.vllm import VLLMEngine
@@ -438,6 +442,9 @@ class TrainerActor:
     def info(self) -> dict[str, Any]:
         return _node_info()
 
+    def sees_run_dir(self, path: str, token: str, roles: list[str]) -> dict[str, Any]:
+        return answer_probe(path, token, _node_info(), roles)
+
     def free_port(self) -> int:
         from ulorl.train.distributed import free_port
 
@@ -483,6 +490,17 @@ def log_placement_params(tracking_uri: str, run_id: str, params: dict[str, str])
     changed = [RunTag(f"{k}.resumed", v) for k, v in params.items() if k in have and have[k] != v]
     if new or changed:
         client.log_batch(run_id, params=new, tags=changed)
+
+
+def _log_placement_params_or_warn(tracking_uri: str, run_id: str, params: dict[str, str]) -> bool:
+    """``log_placement_params``; a failure is reported, never the end of a run whose steps are logged."""
+    try:
+        log_placement_params(tracking_uri, run_id, params)
+        return True
+    except Exception as exc:  # MLflow, HTTP or SQLite: the placement params are not worth a lost step
+        print(f"ulorl-train --ray: could not log the placement params of run {run_id} to {tracking_uri}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return True
 
 
 # ----------------------------------------------------------------------------- run
@@ -552,6 +570,21 @@ def _worker_env(i: int, trainer_info: list[dict[str, Any]], master: tuple[str, i
             "MASTER_PORT": str(master[1]), "LOCAL_RANK": "0" if gpu_workers else str(local)}
 
 
+def _check_run_dir(rdir: Path, actors: list[Any], infos: list[dict[str, Any]], roles: list[str]) -> None:
+    """Every node of the run reads a token the driver wrote into ``rdir`` and writes one back
+    (``RunDirProbe``); raises ``PlacementError`` naming the first node that cannot."""
+    import ray
+
+    probe = RunDirProbe.create(rdir)
+    try:
+        per_node = one_per_node(infos, roles)
+        answers = ray.get([actors[i].sees_run_dir.remote(str(probe.path), probe.token, held)
+                           for i, held in per_node.values()])
+        probe.check(answers)
+    finally:
+        probe.remove()
+
+
 def _wait_draining(futures: list[Any], queue: Any, on_item: Callable[[tuple[Any, ...]], None]) -> None:
     """Wait for every future, handing each queued step report to ``on_item`` as it arrives; an actor's
     failure is raised as soon as its future resolves."""
@@ -606,10 +639,18 @@ def run_placement(
     tracking_uri: Optional[str] = None,
     step_callback: Optional[Callable[[int, dict[str, float], Optional[Path]], None]] = None,
     progress: bool = False,
+    store_server: Optional[Callable[..., Any]] = None,
     **trainer_kwargs: Any,
 ) -> PlacementResult:
     """Run one training in a placement group (module docstring). ``trainer_kwargs`` go to ``Trainer``
-    on worker 0 (parent_run_id, extra_tags, fail_at_step, eval_at_start)."""
+    on worker 0 (parent_run_id, extra_tags, fail_at_step, eval_at_start).
+
+    Before step 1 (``ulorl.scale.multinode``): every node the run uses must see the run directory (else
+    ``PlacementError`` naming the node and the path), and when trainer rank 0 is on another node than
+    this driver and the store is a local file, the store is served to it by ``store_server(uri,
+    host=tracking.server_host, auth=tracking.server_auth, password=...)`` (``MlflowServer``, as a sweep
+    serves its trials; ``ulorl-train --ray`` passes it) or the run is refused with the settings that work.
+    """
     validate_layout(cfg)
     # keeps a local Ray on 127.0.0.1 (STACK.md); must be set before ray is imported
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -633,6 +674,8 @@ def run_placement(
 
     started, addr = _start_ray(address)
     own_pg = None
+    server: Any = None                   # the store's server when rank 0 is on another node
+    saved_env: dict[str, Optional[str]] = {}
     actors: list[Any] = []
     engines: list[Any] = []
     try:
@@ -654,6 +697,23 @@ def run_placement(
         engine_info = ray.get([e.info.remote() for e in engines])
         master = (trainer_info[0]["node_ip"], ray.get(workers[0].free_port.remote()))
         params = placement_params(cfg, addr, strategy, bundles, trainer_info, engine_info, ray.cluster_resources())
+        _check_run_dir(rdir, workers + engines, trainer_info + engine_info, bundle_roles(cfg))
+        driver = {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+        plan = store_plan(uri, driver, trainer_info[0], cfg.tracking.server_host)
+        trainer_uri, credentials = uri, current_credentials()
+        if plan == "serve":
+            if store_server is None:
+                raise PlacementError(f"trainer rank 0 runs on another node ({trainer_info[0]['node_ip']}) than this "
+                                     f"process and the tracking store {uri} is a local file: pass an http(s) "
+                                     f"--tracking-uri of an MLflow server every node reaches")
+            server = store_server(uri, host=cfg.tracking.server_host, auth=cfg.tracking.server_auth,
+                                  password=os.environ.get(cfg.tracking.auth_env) or None)
+            server.start()
+            trainer_uri, credentials = server.uri, dict(server.client_env())
+            saved_env = {k: os.environ.get(k) for k in credentials}
+            os.environ.update(credentials)   # this driver logs the placement params through the server too
+        params.update(served_params(plan, server.uri if server is not None else None,
+                                    bool(server is not None and server.auth)))
         if progress:
             print(f"ulorl-train --ray: {n} trainer worker(s) + {m} engine(s) on "
                   f"{params['placement.nodes_used']} node(s), run dir {rdir}", file=sys.stderr)
@@ -663,10 +723,11 @@ def run_placement(
         futures = []
         for i, w in enumerate(workers):
             env = _worker_env(i, trainer_info, master, r.gpus_per_trainer_worker > 0)
-            kwargs = {"run_dir": str(rdir), "tracking_uri": uri, **({"resume": str(rdir)} if resume and i == 0 else {})}
+            kwargs = {"run_dir": str(rdir), "tracking_uri": trainer_uri,
+                      **({"resume": str(rdir)} if resume and i == 0 else {})}
             if i == 0:
                 kwargs.update(trainer_kwargs)
-                env.update(current_credentials())  # rank 0 writes to MLflow; in the call, never in a logged runtime_env
+                env.update(credentials)  # rank 0 writes to MLflow; in the call, never in a logged runtime_env
             futures.append(w.run.remote(cfg_dict, env, kwargs, engines if i == 0 else [], queue if i == 0 else None))
 
         logged = False
@@ -675,8 +736,7 @@ def run_placement(
             nonlocal logged
             run_id, step, metrics, ckpt = item
             if not logged and run_id:
-                log_placement_params(uri, run_id, params)
-                logged = True
+                logged = _log_placement_params_or_warn(trainer_uri, run_id, params)
             if progress:
                 print(f"step {step}: reward {metrics.get('rollout/reward_mean', float('nan')):.3f} "
                       f"{metrics.get('time/step_s', 0.0):.1f}s/step", file=sys.stderr)
@@ -686,22 +746,30 @@ def run_placement(
         _wait_draining(futures, queue, on_step)
         out = ray.get(futures[0])
         if out["run_id"] and not logged:
-            log_placement_params(uri, out["run_id"], params)
+            _log_placement_params_or_warn(trainer_uri, out["run_id"], params)
         return PlacementResult(run_id=out["run_id"], run_dir=Path(out["run_dir"]), steps=out["steps"],
-                               interrupted=out["interrupted"], tracking_uri=out["tracking_uri"], params=params,
+                               interrupted=out["interrupted"], tracking_uri=uri, params=params,
                                last_metrics=out["last_metrics"])
     finally:
         _release(engines, actors, own_pg, started)
+        if server is not None:
+            server.stop()
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
-def run_with_placement(cfg: ExperimentConfig, args: Any) -> int:
-    """``ulorl-train EXP.yaml --ray [--address ADDR]``: exit status 0, 2 (bad input/placement), 130."""
+def run_with_placement(cfg: ExperimentConfig, args: Any, store_server: Optional[Callable[..., Any]] = None) -> int:
+    """``ulorl-train EXP.yaml --ray [--address ADDR]``: exit status 0, 2 (bad input/placement), 130.
+    ``store_server``: how to serve a local tracking store to a rank 0 on another node (``run_placement``)."""
     from ulorl.config import ConfigError
 
     try:
         res = run_placement(cfg, address=args.address, run_dir=args.run_dir, resume=args.resume,
                             tracking_uri=args.tracking_uri, progress=not args.no_progress,
-                            allow_config_change=args.allow_config_change)
+                            allow_config_change=args.allow_config_change, store_server=store_server)
     except (PlacementError, FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2

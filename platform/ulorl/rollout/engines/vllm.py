@@ -587,6 +587,21 @@ def _cuda_device_of(model: Any) -> Optional[torch.device]:
     return None
 
 
+def reload_problem(reports: Sequence[Mapping[str, Any]], sent: int) -> Optional[str]:
+    """Why a streamed update did not reach the model, from the workers' ``ulorl_finish_update``
+    reports, or None (pure): a worker received another number of tensors than were sent, or some
+    layer got none of its weights (vLLM then keeps that layer's old weights, with a log line only)."""
+    for rank, r in enumerate(reports):
+        if int(r["tensors"]) != sent:
+            return f"vLLM worker {rank} received {r['tensors']} tensors of the {sent} sent"
+        if r["not_loaded"]:
+            names = list(r["not_loaded"])
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            return (f"vLLM worker {rank}: {len(names)} of {r['layers']} layers got none of their weights in this "
+                    f"update (vLLM keeps their old weights): {', '.join(names[:5])}{more}; the stream lacks them")
+    return None
+
+
 def _config_eos(model_dir: Path) -> Optional[int]:
     cfg_file = model_dir / "config.json"
     if not cfg_file.exists():
@@ -674,6 +689,8 @@ class VLLMEngine(EngineBase):
         self.bucket_bytes = bucket_bytes_from_mb(weight_sync_bucket_mb)
         self.last_update_messages = 0      # RPC messages (buckets) of the last weight update
         self.last_update_bytes = 0         # tensor bytes of the last weight update
+        self.last_update_layers = 0        # layers with weights the last streamed update reloaded
+        self.last_update_partial: list[str] = []   # layers that got only part of their elements
         self.tensor_parallel_size = int(tensor_parallel_size)
         self.colocate = bool(colocate)
         self.asleep = False
@@ -859,9 +876,15 @@ class VLLMEngine(EngineBase):
                 if any(g != n for g in got):
                     raise RuntimeError(f"vLLM workers loaded {got} tensors of a bucket of {n}")
         finally:
-            loaded = llm.collective_rpc(FINISH_METHOD)
-        if any(n != sent for n in loaded):
-            raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {sent}")
+            reports = llm.collective_rpc(FINISH_METHOD)
+        problem = reload_problem(reports, sent)
+        if problem:
+            raise RuntimeError(problem)
+        self.last_update_layers = int(reports[0]["layers"])
+        self.last_update_partial = sorted({n for r in reports for n in r["partial"]})
+        if self.last_update_partial:
+            log.warning("weight update %d: layers only partly loaded (padded, or weights missing): %s", version,
+                        ", ".join(self.last_update_partial[:8]))
         self.updated_to(version)
         self.last_update_messages = messages
         self.last_update_bytes = nbytes

@@ -25,7 +25,7 @@ Counted per update:
   (one NCCL group reaching every engine is one round);
 - per engine: its ``rank_offset`` / ``world_size`` in the NCCL group and the update RPCs it got.
 
-Nothing here needs a GPU; what it cannot show is NCCL itself (docs/scale.md says what ran where).
+Nothing here needs a GPU; what it cannot show is NCCL itself (platform/ulorl/docs/scale.md says what ran where).
 """
 
 from __future__ import annotations

@@ -45,6 +45,10 @@ class LocalRayCluster:
         out = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0"}
         if self.token:
             out.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token})
+        else:
+            # said explicitly: with the mode unset, `ray start` turns token auth on whenever a token file
+            # (~/.ray/auth_token) exists on the machine, and a client without the token cannot connect
+            out["RAY_AUTH_MODE"] = "disabled"
         return out
 
     def _ray(self) -> str:

@@ -74,7 +74,11 @@ class LocalRayCluster:
             log = open(self.temp / f"node{i}.log", "ab")
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                start_new_session=True))
-            self._wait_nodes(i + 1, timeout_s)
+            try:
+                self._wait_nodes(i + 1, timeout_s)
+            except BaseException:
+                self.stop()      # a node that never came up must not outlive the test (the caller gets no handle)
+                raise
         return self
 
     def _wait_nodes(self, n: int, timeout_s: float) -> None:

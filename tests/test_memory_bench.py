@@ -27,6 +27,16 @@ def test_cli_json_runs_chunked_in_a_subprocess_and_refuses_full_over_the_limit()
     assert chunked["path"] == "chunked" and chunked["seq_len"] == 96
     assert chunked["peak_rss_mb"] > 50 and chunked["seconds"] > 0
     assert full["path"] == "full" and full["peak_rss_mb"] is None and "predicted peak" in full["refused"]
+    # the measurement ran with glibc's mmap threshold pinned: its peak is live memory, not heap retention
+    assert out["malloc_mmap_threshold_kb"] == 64 and chunked["malloc_mmap_threshold"] == str(64 << 10)
+
+
+def test_measurements_pin_glibcs_mmap_threshold_unless_told_not_to(monkeypatch):
+    from ulorl.bench.memory import one_env
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "7")
+    assert one_env(64)["MALLOC_MMAP_THRESHOLD_"] == str(64 << 10)
+    assert "MALLOC_MMAP_THRESHOLD_" not in one_env(0)
 
 
 def test_both_paths_give_the_same_loss_in_process():

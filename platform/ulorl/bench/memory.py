@@ -12,6 +12,13 @@ The command runs every (length, path) in a fresh subprocess (``python -m ulorl.b
 --one ...``) so peaks never mix, and refuses the full path where its predicted peak exceeds the
 machine's available memory instead of running into the out-of-memory killer. In-process callers
 (a GPU validation script) use ``measure_micro_step``.
+
+On CPU the subprocesses run with glibc's ``MALLOC_MMAP_THRESHOLD_`` at ``--malloc-mmap-threshold-kb``
+(64 KiB; 0 keeps glibc's default). glibc raises its mmap threshold after every large free, so by
+default freed tensors stay in the heap and the peak RSS is the heap's high-water mark, which moved by
+~100 MB at 32k tokens between runs of commits with the same micro-step code (platform/ulorl/docs/long_rows.md);
+pinned, a freed tensor goes back to the system at once and the peak shows what is live, within 1 MB
+from run to run there (as ``torch.cuda.max_memory_allocated`` does on a GPU).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from ulorl.train.forward import LOGPROB_PATHS, token_stats
 
 MIB = 1024**2
 PROMPT_TOKENS = 64
+DEFAULT_MMAP_THRESHOLD_KB = 64
 #: bytes per token of the full path beyond activations, per vocabulary entry: float32 logits, their
 #: [:, :-1] copy and the gradients of both (measured ~1.8 MB / token at V = 151,936: ~12 V).
 FULL_PATH_BYTES_PER_TOKEN_PER_VOCAB = 12
@@ -159,6 +167,7 @@ def measure_micro_step(
     return {
         "seq_len": seq_len,
         "path": path,
+        "malloc_mmap_threshold": os.environ.get("MALLOC_MMAP_THRESHOLD_"),   # glibc's, as this process ran
         "peak_rss_mb": round(max_rss_mb(), 1),
         "seconds": round(times[len(times) // 2], 3),
         "device": str(dev),
@@ -227,9 +236,19 @@ def _one_args(args: argparse.Namespace, seq_len: int, path: str) -> list[str]:
     return out
 
 
+def one_env(mmap_threshold_kb: int) -> dict[str, str]:
+    """The measurement subprocess's environment: glibc's mmap threshold pinned at ``mmap_threshold_kb``
+    (module docstring), or left to glibc with 0."""
+    env = dict(os.environ)
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    if mmap_threshold_kb > 0:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(mmap_threshold_kb * 1024)
+    return env
+
+
 def run_one_subprocess(args: argparse.Namespace, seq_len: int, path: str) -> dict[str, Any]:
     proc = subprocess.run(_one_args(args, seq_len, path), check=False, capture_output=True, text=True,
-                          env=dict(os.environ))
+                          env=one_env(getattr(args, "malloc_mmap_threshold_kb", DEFAULT_MMAP_THRESHOLD_KB)))
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-3:]
         return {"seq_len": seq_len, "path": path, "peak_rss_mb": None, "seconds": None,
@@ -261,7 +280,9 @@ def run_bench(args: argparse.Namespace, progress: Any = None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "model": args.model or {"vocab": args.vocab, "hidden": args.hidden, "layers": args.layers},
         "device": args.device, "gradient_checkpointing": args.gradient_checkpointing, "threads": args.threads,
-        "zero_stage": args.zero_stage, "results": results,
+        "zero_stage": args.zero_stage,
+        "malloc_mmap_threshold_kb": getattr(args, "malloc_mmap_threshold_kb", DEFAULT_MMAP_THRESHOLD_KB),
+        "results": results,
     }
     out["summary"] = summarize(results)
     return out
@@ -323,6 +344,9 @@ def add_memory_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (with a 'results' list) on stdout")
     p.add_argument("--memory-limit-mb", type=float, default=None,
                    help="refuse the full path above this predicted peak (default: the machine's available memory)")
+    p.add_argument("--malloc-mmap-threshold-kb", type=int, default=DEFAULT_MMAP_THRESHOLD_KB,
+                   help="glibc MALLOC_MMAP_THRESHOLD_ of the measurements: freed tensors leave the heap at once, "
+                        "peaks show live memory (0 = glibc's default, peaks include what the heap kept)")
     return p
 
 

@@ -4,6 +4,7 @@ trainer, real MLflow) whose store holds the mismatch and correction metrics at e
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -135,3 +136,13 @@ def test_two_step_training_logs_the_mismatch_to_mlflow(tmp_path):
     assert any(k.startswith("mismatch/seg1/") for k in client.get_run(res.run_id).data.metrics)
     pos = {int(k.split("/")[1][3:]) for k in client.get_run(res.run_id).data.metrics if k.startswith("mismatch/pos")}
     assert pos and pos <= set(range(8)) and len(pos) > 1
+
+
+def test_cost_bench_runs_and_reports_every_variant(capsys):
+    from ulorl.bench.mismatch_cost import main
+
+    assert main(["--rows", "8", "--response-len", "16", "--segments", "2", "--reps", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["median_s"]) == {"update, not measured", "update, measured", "update, measured + token_tis",
+                                    "update, measured + seq_mis", "no-grad pass", "mismatch block"}
+    assert all(v > 0 for v in out["median_s"].values())

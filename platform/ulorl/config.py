@@ -244,9 +244,11 @@ class RolloutCorrectionConfig(_Section):
         json_schema_extra={"choices": list(ROLLOUT_CORRECTIONS)})
     threshold: float = Field(
         2.0, ge=1.0, description="C of token_tis / token_mis / seq_tis / seq_mis (verl's rollout_is_threshold "
-        "default 2.0, the TIS write-up's C = 2)")
-    icepop_low: float = Field(0.5, ge=0.0, lt=1.0, description="icepop: alpha, rejected below it (IcePop 0.5)")
-    icepop_high: float = Field(5.0, gt=1.0, description="icepop: beta, rejected above it (IcePop 5.0)")
+        "default 2.0; TRL documents C = 2 for TIS and MIS)")
+    icepop_low: float = Field(0.5, ge=0.0, lt=1.0, description="icepop: alpha, tokens whose ratio is below it are "
+                              "rejected (0.5 as prime-rl's first IcePop loss; open-instruct uses 1 / beta)")
+    icepop_high: float = Field(5.0, gt=1.0, description="icepop: beta, tokens whose ratio is above it are rejected "
+                               "(5.0, the value open-instruct and prime-rl give as IcePop's)")
     seq_scope: str = Field(
         "response", description="seq_tis / seq_mis: the sequence of the product, 'response' (every segment of the "
         "response, each with the behaviour log-probs of the version that decoded it) or 'segment' (each segment "

@@ -118,3 +118,21 @@ def test_arm_rows_average_over_seeds():
     assert arm["seeds"] == 2 and arm["abs_mean"] == pytest.approx(0.2) and arm["abs_max"] == 0.5
     assert arm["seq_logratio_min"] == -3.0 and arm["heldout_avg_at_k"] == pytest.approx(0.6)
     assert (arm["heldout_min"], arm["heldout_max"]) == (0.5, 0.7)
+
+
+def test_the_correction_sweep_runs_an_arm_per_mode_on_three_seeds_with_a_bf16_engine():
+    from pathlib import Path
+
+    from ulorl.algo.rollout_correction import ROLLOUT_CORRECTIONS
+    from ulorl.sweep.launch import describe_trials
+    from ulorl.sweep.spec import grid_trials, load_sweep
+
+    path = Path(__file__).resolve().parents[1] / "sweeps" / "choice" / "rollout_correction.yaml"
+    spec, base_path, base = load_sweep(path)
+    assert spec.name == "choice_rollout_correction" and base_path.name == "quickstart_choice.yaml"
+    assert spec.overrides["rollout.engine_dtype"] == "bfloat16" and spec.max_concurrent == 1
+    trials = grid_trials(spec)
+    modes = {t["overrides"]["algo.rollout_correction.mode"] for t in trials}
+    assert modes == set(ROLLOUT_CORRECTIONS)
+    assert sorted(t["repeat"] for t in trials) == sorted(list(range(3)) * len(ROLLOUT_CORRECTIONS))
+    assert describe_trials(spec, base, base_path)

@@ -151,8 +151,9 @@ SAMPLE_RECORD_FIELDS: tuple[str, ...] = (
     "step", "sample_id", "group_id", "reward", "status", "prompt_text", "response_text",
     "tokens",            # list[str]: decoded text of each response token
     "segments",          # list[{start, end, version}] over response token positions
-    "masked_positions",  # list[int]: response token positions excluded from the loss (MPT masking, or
-                         # a masking entropy control: algo.entropy_control clip_cov / high_entropy_minority)
+    "masked_positions",  # list[int]: response token positions excluded from the loss (MPT masking, a
+                         # masking entropy control: algo.entropy_control clip_cov / high_entropy_minority, or
+                         # a rollout correction's rejection: algo.rollout_correction token_mis / seq_mis / icepop)
 )
 
 

@@ -62,10 +62,12 @@ class TokenSources:
     positions: Tensor
 
 
-def has_engine_logprobs(sample: Sample) -> bool:
-    """One finite engine log-prob per response token."""
-    lps = sample.sampling_logprobs
-    return len(lps) == len(sample.response_ids) and all(math.isfinite(x) for x in lps)
+def engine_logprobs(sample: Sample) -> Optional[Tensor]:
+    """Float[T]: the sample's engine log-probs when it has one finite value per response token, else None."""
+    if len(sample.sampling_logprobs) != len(sample.response_ids):
+        return None
+    lps = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
+    return lps if bool(torch.isfinite(lps).all()) else None
 
 
 def token_sources(samples: list[Sample], batch: TrainBatch) -> TokenSources:
@@ -82,8 +84,9 @@ def token_sources(samples: list[Sample], batch: TrainBatch) -> TokenSources:
         pos[b, p - 1:p - 1 + t] = torch.arange(t)
         for k, span in enumerate(s.segments):
             seg[b, p - 1 + span.start:p - 1 + min(span.end, t)] = k
-        if has_engine_logprobs(s):
-            engine[b, p - 1:p - 1 + t] = torch.tensor(s.sampling_logprobs, dtype=torch.float32)
+        lps = engine_logprobs(s)
+        if lps is not None:
+            engine[b, p - 1:p - 1 + t] = lps
             has[b] = True
     return TokenSources(engine, has, seg, pos)
 
@@ -160,4 +163,4 @@ def rollout_mismatch(sources: TokenSources, batch: TrainBatch, cur_lp: Tensor, o
 
 
 __all__ = ["MismatchResult", "MismatchSettings", "TokenSources",
-           "has_engine_logprobs", "rollout_mismatch", "same_weights_pairs", "token_sources"]
+           "engine_logprobs", "rollout_mismatch", "same_weights_pairs", "token_sources"]

@@ -110,14 +110,16 @@ def test_tables_mismatch_from_the_store_and_from_results_files(tmp_path, capsys)
 
 
 def test_arm_rows_average_over_seeds():
-    rows = [{"variant": "a", "correction": "off", "abs_mean": 0.1, "abs_max": 0.5, "seq_logratio_min": -1.0,
-             "heldout_avg_at_k": 0.5},
-            {"variant": "a", "correction": "off", "abs_mean": 0.3, "abs_max": 0.2, "seq_logratio_min": -3.0,
-             "heldout_avg_at_k": 0.7}]
-    (arm,) = arm_rows(rows)
+    rows = [{"variant": "a", "correction": "off", "seed": "0", "abs_mean": 0.1, "abs_max": 0.5,
+             "seq_logratio_min": -1.0, "heldout_avg_at_k": 0.5},
+            {"variant": "a", "correction": "off", "seed": "1", "abs_mean": 0.3, "abs_max": 0.2,
+             "seq_logratio_min": -3.0, "heldout_avg_at_k": 0.7},
+            {"variant": "b", "correction": "icepop", "seed": "1", "heldout_avg_at_k": 0.9}]
+    arm, other = arm_rows(rows, baseline="a")
     assert arm["seeds"] == 2 and arm["abs_mean"] == pytest.approx(0.2) and arm["abs_max"] == 0.5
     assert arm["seq_logratio_min"] == -3.0 and arm["heldout_avg_at_k"] == pytest.approx(0.6)
-    assert (arm["heldout_min"], arm["heldout_max"]) == (0.5, 0.7)
+    assert (arm["heldout_min"], arm["heldout_max"]) == (0.5, 0.7) and arm["heldout_vs_baseline"] == 0.0
+    assert other["heldout_vs_baseline"] == pytest.approx(0.2)          # paired with the baseline's seed 1 only
 
 
 def test_the_correction_sweep_runs_an_arm_per_mode_on_three_seeds_with_a_bf16_engine():

@@ -181,12 +181,19 @@ def to_csv(rows: Sequence[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def arm_rows(rows: Sequence[dict[str, Any]], by: str = "variant") -> list[dict[str, Any]]:
+def arm_rows(rows: Sequence[dict[str, Any]], by: str = "variant", baseline: str = "off") -> list[dict[str, Any]]:
     """Rows of the same arm (``by``: variant, else correction mode) averaged over their seeds: mean of each
-    numeric column, the seeds count, and the held-out spread (min-max)."""
+    numeric column, the seeds count, the held-out spread (min-max) and ``heldout_vs_baseline``: the mean over
+    seeds of (arm - ``baseline`` arm) held-out avg@k, paired by seed (None without a common seed)."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault(str(r.get(by) or r.get("correction")), []).append(r)
+
+    def by_seed(rs: list[dict[str, Any]]) -> dict[str, float]:
+        return {str(r.get("seed")): float(r["heldout_avg_at_k"]) for r in rs
+                if isinstance(r.get("heldout_avg_at_k"), (int, float))}
+
+    base = by_seed(groups.get(baseline, []))
     out = []
     for arm, rs in groups.items():
         row: dict[str, Any] = {"arm": arm, "seeds": len(rs), "correction": rs[0].get("correction")}
@@ -199,13 +206,16 @@ def arm_rows(rows: Sequence[dict[str, Any]], by: str = "variant") -> list[dict[s
                 row[col] = min(vals)
         held = [float(r["heldout_avg_at_k"]) for r in rs if isinstance(r.get("heldout_avg_at_k"), (int, float))]
         row["heldout_min"], row["heldout_max"] = (min(held), max(held)) if held else (None, None)
+        mine = by_seed(rs)
+        diffs = [mine[s] - base[s] for s in mine if s in base]
+        row["heldout_vs_baseline"] = sum(diffs) / len(diffs) if diffs else None
         out.append(row)
     return out
 
 
 def arms_markdown(arms: Sequence[dict[str, Any]]) -> str:
     cols = ["arm", "seeds", "abs_mean", "abs_max", "k3_kl", "ratio_out_frac", "seq_logratio_min", "rejected_frac",
-            "truncated_frac", "weight_mean", "heldout_avg_at_k", "heldout_min", "heldout_max"]
+            "truncated_frac", "weight_mean", "heldout_avg_at_k", "heldout_min", "heldout_max", "heldout_vs_baseline"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(_fmt(a.get(c)) for c in cols) + " |" for a in arms]
     return "\n".join(lines) + "\n"

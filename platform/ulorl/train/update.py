@@ -208,7 +208,6 @@ def prepare_update(samples: list[Sample], ctx: UpdateContext,
     return PreparedUpdate(kept, batch, adv, old_lp, kept_mask | mm.rejected, metrics, kl_tokens, mm.weights)
 
 
-
 def apply_update(prep: PreparedUpdate, ctx: UpdateContext) -> UpdateResult:
     """The optimizer loop: per mini-batch (``train.updates_per_step``), the clipped token-level loss
     per micro-batch, backward, one optimizer step. A non-finite loss or gradient norm refuses the

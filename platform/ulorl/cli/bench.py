@@ -30,6 +30,10 @@ Tools with their own flags (everything after the name goes to the tool; ``ulorl-
   reward-cost     per-item reward cost, main thread vs scorer workers (ulorl.bench.reward_cost)
   entropy-effect  first-order entropy change per token class of one update (ulorl.bench.entropy_effect)
   fill-effect     algo.dynamic_sampling_fill off vs on: time per step, learning signal (ulorl.bench.fill_effect)
+  learning-signal does the default run learn? cohort reward rise and held-out avg@k over six seeds, real
+                  runs read back from MLflow (ulorl.bench.learning_signal): ulorl-bench learning-signal
+  warmstart-rebuild  the shipped warm-start recipe from scratch (the shipped build: 46 min), a held-out check,
+                  side by side with the shipped build (ulorl.bench.warmstart_rebuild)
   sp-memory       per-rank activation memory, SP = 1 vs N, under torch.distributed.run (ulorl.bench.sp):
                   ulorl-bench sp-memory --nproc 2 --seq-len 8192
   traffic         control-traffic bytes per update of a 2-rank DeepSpeed run, under torch.distributed.run,
@@ -62,6 +66,8 @@ TOOLS: dict[str, tuple[str, str]] = {
     "reward-cost": ("ulorl.bench.reward_cost", "per-item reward cost: main thread vs RewardScorer workers"),
     "entropy-effect": ("ulorl.bench.entropy_effect", "first-order entropy change per token class of one update"),
     "fill-effect": ("ulorl.bench.fill_effect", "algo.dynamic_sampling_fill off vs on: time per step, signal"),
+    "learning-signal": ("ulorl.bench.learning_signal", "cohort reward rise and held-out avg@k over seeds (real runs)"),
+    "warmstart-rebuild": ("ulorl.bench.warmstart_rebuild", "rebuild the embedded warm start from scratch, check it"),
 }
 # subcommand -> (module run under torch.distributed.run, run by file path?, help line)
 DISTRIBUTED_TOOLS: dict[str, tuple[str, bool, str]] = {

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MD_NAME = re.compile(r"(?<![\w{}*./-])((?:[\w.-]+/)*[\w-]+\.md)\b")
 # Files a command writes (ulorl-tables' table1.md ...), not documents to read.
-GENERATED = re.compile(r"^(table\d|claims)\.md$")
+GENERATED = re.compile(r"^(table\d|claims|mismatch|mismatch_arms)\.md$")
 CLI_MODULES = ("train", "sweep", "data", "bench", "sim", "eval", "tables", "dashboard", "clean")
 SOURCES = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "platform").rglob("*.py")),
            *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "experiments").rglob("*.yaml")),

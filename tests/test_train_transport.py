@@ -26,13 +26,17 @@ def test_round_trip_keeps_what_the_update_reads():
     packed = pack_samples(src)
     assert packed.tokens.tolist() == [5, 6, 7, 8, 9, 5, 6, 7, 10, 11, 12, 13]
     assert packed.meta.tolist() == [[3, 1, 3, 2, 2, 2, 1], [4, 1, 3, 4, 0, 1, 0]]
-    # int32 tokens + int64 meta + f64 rewards + f32 old log-probs + int64 segments
-    assert packed.nbytes == 12 * 4 + 14 * 8 + 2 * 8 + 2 * 4 + 3 * 3 * 8
+    # int32 tokens + int64 meta + f64 rewards + f32 old log-probs and engine log-probs (one per response
+    # token, NaN for the sample without them) + int64 segments
+    assert packed.nbytes == 12 * 4 + 14 * 8 + 2 * 8 + (2 + 6) * 4 + 3 * 3 * 8
     buf = empty_packed(packed.sizes())
     for a, b in zip(buf.tensors(), packed.tensors()):
         a.copy_(b)
     back = unpack_samples(buf)
     assert [s.reward for s in back] == [1.0, None]
+    # the engine's log-probs reach every rank (the rollout correction's weights); none stays none
+    assert [s.sampling_logprobs for s in back] == [[-1.0, -1.0], []]
+    assert [s.old_logprobs for s in back] == [[-0.5, -0.25], []]
     nan = unpack_samples(pack_samples([Sample(0, 0, [1], response_ids=[2], reward=math.nan)]))
     assert math.isnan(nan[0].reward)  # a NaN reward is refused on every rank alike, not turned into 0
     assert [s.token_versions() for s in back] == [[0, 1], [1, 1, 1, 1]]

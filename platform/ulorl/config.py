@@ -24,6 +24,7 @@ from ulorl.algo.entropy_control import ENTROPY_CONTROLS
 from ulorl.algo.importance import IS_MODES
 from ulorl.algo.loss import LOSS_AGG
 from ulorl.algo.masks import ENTROPY_SCOPES, MASK_MODES
+from ulorl.algo.rollout_correction import ROLLOUT_CORRECTIONS, SEQ_SCOPES
 from ulorl.segments import segment_length
 
 
@@ -138,6 +139,11 @@ class RolloutConfig(_Section):
     engine_max_model_len: Optional[int] = Field(
         None, ge=1, description="engine context (prompt + response tokens); None: longest prompt + max_response_len"
     )
+    engine_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = Field(
+        None, description="compute dtype of the rollout engine (hf: its fast path's packed weights; vllm: its dtype); "
+        "None: model.dtype. bfloat16 against a float32 trainer reproduces the paper's train / inference mismatch "
+        "(mismatch/* metrics, algo.rollout_correction)"
+    )
 
     @property
     def segment_len(self) -> int:
@@ -222,6 +228,41 @@ class EntropyControlConfig(_Section):
         return "off" if v is False else v
 
 
+class RolloutCorrectionConfig(_Section):
+    """Train / inference mismatch correction (ulorl.algo.rollout_correction; docs/algorithm.md, "Train /
+    inference mismatch"). With rho = pi_old / mu per token (pi_old: the PPO ratio's denominator of algo.is_mode;
+    mu: the engine's log-prob of the sampled token, at the version that decoded it) each mode weights the clipped
+    surrogate: 'token_tis' min(rho, threshold) (truncated IS, Yao et al.; verl token_is); 'token_mis' rho, tokens
+    with rho > threshold rejected (masked IS, TRL token_mask); 'seq_tis' / 'seq_mis' the same with rho the product
+    over a sequence (seq_scope: the whole response, each segment with its own behaviour log-probs, or one
+    segment); 'icepop' rho, tokens outside [icepop_low, icepop_high] rejected (Ring-1T, arXiv 2510.18855).
+    Rejected tokens leave the loss and stay in its denominator. The mismatch itself (mismatch/* metrics) is
+    measured every step whatever the mode (measure: false skips it)."""
+
+    mode: str = Field(
+        "off", description="rollout correction: 'off', 'token_tis', 'token_mis', 'seq_tis', 'seq_mis' or 'icepop'",
+        json_schema_extra={"choices": list(ROLLOUT_CORRECTIONS)})
+    threshold: float = Field(
+        2.0, ge=1.0, description="C of token_tis / token_mis / seq_tis / seq_mis (verl's rollout_is_threshold "
+        "default 2.0; TRL documents C = 2 for TIS and MIS)")
+    icepop_low: float = Field(0.5, ge=0.0, lt=1.0, description="icepop: alpha, tokens whose ratio is below it are "
+                              "rejected (0.5 as prime-rl's first IcePop loss; open-instruct uses 1 / beta)")
+    icepop_high: float = Field(5.0, gt=1.0, description="icepop: beta, tokens whose ratio is above it are rejected "
+                               "(5.0, the value open-instruct and prime-rl give as IcePop's)")
+    seq_scope: str = Field(
+        "response", description="seq_tis / seq_mis: the sequence of the product, 'response' (every segment of the "
+        "response, each with the behaviour log-probs of the version that decoded it) or 'segment' (each segment "
+        "on its own)", json_schema_extra={"choices": list(SEQ_SCOPES)})
+    measure: bool = Field(
+        True, description="log the train / inference gap every update (mismatch/*: engine vs trainer log-probs of "
+        "the same tokens under the same weights, by segment and position bucket); false: not measured")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: Any) -> Any:
+        return "off" if v is False else v
+
+
 class AlgoConfig(_Section):
     """Loss and importance sampling."""
 
@@ -258,6 +299,19 @@ class AlgoConfig(_Section):
     mpt: MPTConfig = Field(MPTConfig(), description="masking of well-mastered positive tokens")
     entropy_control: EntropyControlConfig = Field(
         EntropyControlConfig(), description="entropy-control comparators (Clip-Cov, KL-Cov, 80/20 rule)")
+    rollout_correction: RolloutCorrectionConfig = Field(
+        RolloutCorrectionConfig(), description="train / inference mismatch: its measurement and correction "
+        "(token / sequence TIS and MIS, IcePop)")
+
+    @model_validator(mode="after")
+    def _correction_with_kl_cov(self) -> AlgoConfig:
+        mode = self.rollout_correction.mode
+        if mode != "off" and self.entropy_control.mode == "kl_cov":
+            raise ValueError(
+                f"algo.rollout_correction.mode={mode} cannot be combined with algo.entropy_control.mode=kl_cov: KL-Cov "
+                "replaces the clipped surrogate with its own loss, which takes no correction weight; set one of them "
+                "to off")
+        return self
 
 
 class DeepSpeedConfig(_Section):
@@ -439,6 +493,13 @@ class ExperimentConfig(_Section):
             )
         if self.algo.dynamic_sampling_fill and not self.algo.dynamic_sampling:
             raise ValueError("algo.dynamic_sampling_fill=true requires algo.dynamic_sampling=true")
+        corr = self.algo.rollout_correction.mode
+        if corr != "off" and self.algo.is_mode == "sais" and sais_logprobs_source(self) == "engine":
+            raise ValueError(
+                f"algo.rollout_correction.mode={corr} with algo.is_mode=sais needs the trainer's SAIS log-probs, but "
+                f"algo.sais_logprobs={self.algo.sais_logprobs} takes them from the engine here, so the correction "
+                "ratio pi_old / mu would be 1 on every token (no correction); set algo.sais_logprobs=trainer, or "
+                "algo.is_mode=pois, or algo.rollout_correction.mode=off")
         if self.algo.is_mode == "tois" and r.min_ready_groups > r.prompts_per_step:
             raise ValueError(
                 f"algo.is_mode=tois (true on-policy) requires rollout.min_ready_groups <= "
@@ -446,6 +507,17 @@ class ExperimentConfig(_Section):
                 f"rollout.prompts_per_step={r.prompts_per_step}: groups would wait across policy versions"
             )
         return self
+
+
+def sais_logprobs_source(cfg: ExperimentConfig) -> Literal["trainer", "engine"]:
+    """Where SAIS old log-probs come from (``algo.sais_logprobs``): 'engine' (the rollout engine's sampled-token
+    log-probs; ``auto``: under ZeRO-3 with vllm engines, where no rank holds a full copy for a trainer
+    forward) or 'trainer' (a forward of the training model at each segment's version)."""
+    choice = cfg.algo.sais_logprobs
+    if choice == "auto":
+        zero3 = cfg.train.backend == "deepspeed" and cfg.train.deepspeed.zero_stage == 3
+        return "engine" if zero3 and cfg.rollout.engine == "vllm" else "trainer"
+    return "engine" if choice == "engine" else "trainer"
 
 
 # ----------------------------------------------------------------------------- loading

@@ -199,6 +199,8 @@ def test_zero3_ranks_vllm_actor_segments_resume(tmp_path, is_mode, monkeypatch):
     assert sorted(hist["rollout/tokens"]) == list(range(1, STEPS + 2)) and min(hist["rollout/tokens"].values()) > 0
     updated = [s for s in range(1, STEPS + 2) if versions[s] > versions.get(s - 1, 0.0)]
     assert sorted(hist["train/ratio_mean"]) == updated          # the update's metrics on every update step
+    gap = {m.step: m.value for m in client.get_metric_history(res.run_id, "mismatch/abs_max")}
+    assert sorted(gap) == updated and max(gap.values()) < 1e-3, gap   # the engine / trainer gap, logged every update
     # the engine held the trainer's weights after every update, resumed run included
     # every step's callback checked the engine against the trainer's checkpoint of the weights it held: the
     # step's own version or a later one (the trainer goes on while the callback runs), never an earlier one

@@ -84,8 +84,9 @@ def policy_loss(
     *,
     loss_agg: str = "token_mean",
     num_seqs: float | Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped surrogate, token-level: loss = sum_kept -min(r A, clip(r, 1-eps_low, 1+eps_high) A) / D.
+    """Clipped surrogate, token-level: loss = sum_kept -w min(r A, clip(r, 1-eps_low, 1+eps_high) A) / D.
 
     r = exp(logprobs - old_logprobs) per token (old_logprobs detached). Kept tokens are
     response tokens with ``loss_mask`` False. D (token_mean) = number of response tokens
@@ -98,6 +99,10 @@ def policy_loss(
     before exp, so even an overflowing ratio there cannot produce NaN), and zero where the
     clip is active (A > 0 and r > 1+eps_high, or A < 0 and r < 1-eps_low).
 
+    ``is_weights`` w (the rollout correction, ``ulorl.algo.rollout_correction``; 1 when None) is data:
+    it scales each kept token's term and its gradient and is never differentiated. Tokens a correction
+    rejects belong in ``loss_mask`` (their weight is 0 and they stay in the denominator, as masked ones do).
+
     Args:
         logprobs: Float[B, T], current policy log-probs (with grad).
         old_logprobs: Float[B, T], behaviour log-probs per IS mode (see ``select_old_logprobs``).
@@ -108,6 +113,7 @@ def policy_loss(
         num_tokens: denominator override for "token_mean" (> 0).
         loss_agg: key of ``LOSS_AGG``.
         num_seqs: denominator override for "seq_mean" (> 0).
+        is_weights: Float[B, T] or None, per-token correction weights (detached, >= 0).
 
     Returns:
         (loss scalar, metrics). Metrics are detached 0-dim tensors over THIS call's response
@@ -141,6 +147,8 @@ def policy_loss(
         raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     if loss_agg not in LOSS_AGG:
         raise ValueError(f"loss_agg must be one of {tuple(LOSS_AGG)}, got {loss_agg!r}")
+    if is_weights is not None and is_weights.shape != shape:
+        raise ValueError(f"is_weights shape {tuple(is_weights.shape)} must equal response_mask shape {tuple(shape)}")
 
     keep = response_mask & ~loss_mask
     log_ratio = logprobs - old_logprobs.detach()
@@ -150,6 +158,8 @@ def policy_loss(
     surr = ratio * adv
     surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = -torch.minimum(surr, surr_clipped)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
     loss, denom = LOSS_AGG[loss_agg](per_token, keep, response_mask, num_tokens, num_seqs)
 
     with torch.no_grad():

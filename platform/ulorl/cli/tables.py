@@ -4,6 +4,7 @@
     ulorl-tables --tracking-uri sqlite:///$PWD/mlflow.db --export-results experiments/results
     ulorl-tables --results experiments/results --out paper_tables/ \
         [--docs platform/ulorl/docs/paper_claims.md --docs README.md]
+    ulorl-tables --mismatch [--results FILE | --tracking-uri URI] [--sweep NAME] --out paper_tables/
 
 Writes table{1,2,3}.md / .tex (booktabs) / .csv, fig{2,4,5}.png, cells.csv (every cell -> its
 MLflow run ids) and claims.md / claims.json (the paper's claims over seeds: effect a - b, intervals
@@ -17,6 +18,11 @@ and figures read; safe to repeat while a sweep runs) and writes nothing else. --
 files instead of a store: claims.md / claims.json and fig{2,4,5}.png (Tables 1-3 need the store);
 --docs FILE (repeatable) then rewrites the claims tables between the markers of FILE: the full table
 (paper_claims.md) and the README's short one.
+
+--mismatch reports the train / inference mismatch of every run that logged it (from a store or results
+files; --sweep keeps one sweep's runs): mismatch.md / mismatch.csv (one row per run: the gap folded over
+its updates, the correction's rejected / truncated shares and mean weight, held-out avg@k; each run's gap
+by segment index and position bucket) and mismatch_arms.md (the runs of each arm averaged over seeds).
 """
 
 from __future__ import annotations
@@ -45,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="merge the store's FINISHED sweep runs into DIR/<sweep>.jsonl and stop (repeatable; "
                         "runs already in the files are replaced, others kept)")
     p.add_argument("--sweep", action="append", default=None,
-                   help="with --export-results: only this ulorl.sweep name (repeat for several)")
+                   help="with --export-results or --mismatch: only this ulorl.sweep name (repeat for several)")
+    p.add_argument("--mismatch", action="store_true",
+                   help="report each run's train / inference mismatch (mismatch.md, mismatch.csv, mismatch_arms.md "
+                        "in --out) from the store or from --results files, and stop")
     p.add_argument("--results", action="append", default=None, metavar="PATH",
                    help="read results files (a .jsonl or a folder of them; repeat for several) instead of a "
                         "store: claims and figures only")
@@ -79,6 +88,8 @@ def _from_results(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"ulorl-tables: error: {exc}", file=sys.stderr)
         return 2
+    if args.mismatch:
+        return _mismatch_report(source, args)
     out = Path(args.out)
     print(f"[ulorl-tables] {len(source.runs())} runs from {', '.join(args.results)}; writing {out}",
           file=sys.stderr, flush=True)
@@ -107,6 +118,10 @@ def _from_results(args: argparse.Namespace) -> int:
 def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")   # one bar per per-problem CSV read
+    if args.mismatch and (args.export_results or args.docs):
+        print("ulorl-tables: error: --mismatch writes its own report: give it without --export-results / --docs",
+              file=sys.stderr)
+        return 2
     if args.results and args.export_results:
         print("ulorl-tables: error: --results reads files, --export-results writes them from a store: give one",
               file=sys.stderr)
@@ -171,6 +186,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"ulorl-tables: error: cannot read the MLflow store {uri}: {exc.message}", file=sys.stderr)
         return 2
     print(f"[ulorl-tables] {len(store.runs())} runs; writing {args.out}", file=sys.stderr, flush=True)
+    if args.mismatch:
+        return _mismatch_report(store, args)
     hints = find_hints()
     equal_samples = args.table3_at == "samples"
     summary = write_all(store, args.out, hints, equal_samples)
@@ -191,6 +208,47 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"claim {row['claim']} ({row['sweep'] or 'no sweep'}): {row['verdict']} "
                   f"({row['seeds']} seed(s){effect})")
         print(f"\nwrote {len(summary['files'])} files to {summary['out']}")
+    return 0
+
+
+def _mismatch_report(source: object, args: argparse.Namespace) -> int:
+    """``--mismatch``: the per-run mismatch report of ``source`` (a store or results files)."""
+    from ulorl.report.mismatch import (
+        arm_rows,
+        arms_markdown,
+        overview_rows,
+        run_summary,
+        split_rows,
+        to_csv,
+        to_markdown,
+    )
+    from ulorl.report.store import RunSource
+    from ulorl.tracking import schema
+
+    assert isinstance(source, RunSource)
+    runs = [r for r in source.runs() if r.kind in ("train", "")
+            and (not args.sweep or r.tags.get(schema.SWEEP_TAG) in args.sweep)]
+    rows = overview_rows(source, runs)
+    by_id = {r.run_id: r for r in runs}
+    splits = {}
+    for row in rows:
+        run = by_id[row["run_id"]]
+        splits[f"{row['run']} ({row['run_id'][:8]})"] = split_rows(run_summary(source, run),
+                                                                  run.int_param("rollout.max_response_len"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = to_markdown(rows, splits)
+    arms = arm_rows(rows)
+    files = {"mismatch.md": text, "mismatch.csv": to_csv(rows),
+             "mismatch_arms.md": "# Train / inference mismatch per arm (mean over seeds)\n\n" + arms_markdown(arms)}
+    for name, body in files.items():
+        (out / name).write_text(body)
+    if args.json:
+        emit_json({"out": str(out.resolve()), "files": [str(out / f) for f in files], "runs": rows, "arms": arms})
+    else:
+        print(text)
+        print(files["mismatch_arms.md"])
+        print(f"wrote {', '.join(str(out / f) for f in files)}")
     return 0
 
 

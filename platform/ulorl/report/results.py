@@ -12,6 +12,8 @@ A record holds:
 - ``curves``: per-step histories of :data:`CURVES` and of every ``eval/<bench>/avg_at_k``
   (``{"start": s, "values": [...]}`` for consecutive steps s, s+1, ..., else ``{"steps", "values"}``);
 - ``means``: the mean over logged steps of :data:`MEANS` (mask fractions, step and eval seconds);
+- ``mismatch``: the train / inference mismatch folded over the run's updates (``ulorl.report.mismatch``:
+  every ``mismatch/*`` and ``correction/*`` metric as one number), absent when the run logged none;
 - ``per_problem``: per benchmark, the problem ids once (``prefix`` + ``ids``) and per eval step the
   correct counts out of ``k`` (``{"k": 2, "correct": [...]}``) or, for CSVs without counts, the
   accuracies. A union benchmark (``heldout``) whose parts ``heldout_select`` and
@@ -39,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
+from ulorl.report.mismatch import summarize
 from ulorl.report.store import RunInfo, RunSource, RunStore
 from ulorl.tracking import schema
 
@@ -173,9 +176,13 @@ def run_record(store: RunStore, run: RunInfo) -> dict[str, Any]:
             continue   # the union of its two parts (ResultsStore.per_problem joins them)
         csvs = {st: store.per_problem_csv(run.run_id, st, bench) for st in store.per_problem_steps(run.run_id, bench)}
         per_problem[bench] = encode_per_problem(csvs)
-    return {"format": FORMAT, "run_id": run.run_id, "experiment_id": run.experiment_id, "name": run.name,
-            "status": run.status, "start_time": run.start_time, "tags": dict(run.tags), "params": dict(run.params),
-            "metrics": metrics, "curves": curves, "means": means, "per_problem": per_problem}
+    record = {"format": FORMAT, "run_id": run.run_id, "experiment_id": run.experiment_id, "name": run.name,
+              "status": run.status, "start_time": run.start_time, "tags": dict(run.tags), "params": dict(run.params),
+              "metrics": metrics, "curves": curves, "means": means, "per_problem": per_problem}
+    mismatch = summarize(lambda key: store.history(run.run_id, key), run.metrics)
+    if mismatch:
+        record["mismatch"] = mismatch
+    return record
 
 
 def exportable(run: RunInfo) -> bool:
@@ -288,6 +295,10 @@ class ResultsStore(RunSource):
     def means(self, run_id: str) -> dict[str, float]:
         """The record's per-step means (:data:`MEANS`)."""
         return dict(self._records.get(run_id, {}).get("means", {}))
+
+    def mismatch_summary(self, run_id: str) -> dict[str, Any]:
+        """The record's folded train / inference mismatch ({} when the run logged none)."""
+        return dict(self._records.get(run_id, {}).get("mismatch", {}))
 
     def _benches(self, run_id: str) -> dict[str, Any]:
         return dict(self._records.get(run_id, {}).get("per_problem", {}))

@@ -82,6 +82,37 @@ SKIPPED_METRIC = "train/skipped"
 # left out of the loss); 0 with mode off. train/masked_frac stays the MPT / DMMPT mask alone.
 ENTROPY_CONTROL_METRIC = "train/entropy_control_frac"
 
+# Train / inference mismatch (ulorl.train.mismatch; platform/ulorl/docs/algorithm.md), at update steps
+# whose released samples carry the engine's sampled-token log-probs (hf and vllm engines).
+# delta = trainer log-prob - engine log-prob of the same token under the same weights (SAIS trainer
+# log-probs at each segment's version; else the update's current-model pass on the tokens this version
+# decoded); r = exp(delta). mismatch/<stat> over every measured token, mismatch/seg<k>/<stat> per
+# segment index k (0-based), mismatch/pos<b>/<stat> per position bucket b (8 equal spans of
+# rollout.max_response_len: 0-16k ... 112k-128k at 128k). Stats: tokens, abs_mean, abs_max, delta_mean,
+# k3_kl (mean of r - 1 - delta: KL(engine || trainer)), ratio_out_frac (share of r outside [0.5, 2]);
+# overall only: coverage (measured / response tokens of the batch), seq_logratio_mean /
+# seq_logratio_min (per response, the sum of delta over its measured tokens). correction/<stat> (mode
+# not off): rejected_frac, truncated_frac, weight_mean, weight_min, weight_max.
+MISMATCH_PREFIX = "mismatch/"
+CORRECTION_PREFIX = "correction/"
+MISMATCH_STATS: tuple[str, ...] = ("tokens", "abs_mean", "abs_max", "delta_mean", "k3_kl", "ratio_out_frac")
+MISMATCH_OVERALL: tuple[str, ...] = ("coverage", "seq_logratio_mean", "seq_logratio_min")
+CORRECTION_STATS: tuple[str, ...] = ("rejected_frac", "truncated_frac", "weight_mean", "weight_min", "weight_max")
+
+
+def mismatch_metric(stat: str, segment: int | None = None, bucket: int | None = None) -> str:
+    """``mismatch_metric("abs_max", segment=1) -> "mismatch/seg1/abs_max"``; ``bucket=7``: ``mismatch/pos7/...``."""
+    if segment is not None:
+        return f"{MISMATCH_PREFIX}seg{segment}/{stat}"
+    if bucket is not None:
+        return f"{MISMATCH_PREFIX}pos{bucket}/{stat}"
+    return MISMATCH_PREFIX + stat
+
+
+# Mismatch metrics present at every update step of a run whose engine returns log-probs.
+MISMATCH_METRICS: tuple[str, ...] = tuple(mismatch_metric(s) for s in MISMATCH_STATS + MISMATCH_OVERALL)
+
+
 # Length audit (ulorl.train.length_audit), every step: for each fate, audit/<fate>/count (samples that
 # met it this step; pool fates: samples there now), audit/<fate>/len_p50|len_p90|len_max (their
 # response lengths, only when count > 0), audit/<fate>/token_share (cumulative tokens of the fate /
@@ -120,8 +151,9 @@ SAMPLE_RECORD_FIELDS: tuple[str, ...] = (
     "step", "sample_id", "group_id", "reward", "status", "prompt_text", "response_text",
     "tokens",            # list[str]: decoded text of each response token
     "segments",          # list[{start, end, version}] over response token positions
-    "masked_positions",  # list[int]: response token positions excluded from the loss (MPT masking, or
-                         # a masking entropy control: algo.entropy_control clip_cov / high_entropy_minority)
+    "masked_positions",  # list[int]: response token positions excluded from the loss (MPT masking, a
+                         # masking entropy control: algo.entropy_control clip_cov / high_entropy_minority, or
+                         # a rollout correction's rejection: algo.rollout_correction token_mis / seq_mis / icepop)
 )
 
 

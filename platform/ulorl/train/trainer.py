@@ -506,7 +506,8 @@ class Trainer:
         if samples and self.engine.colocate:
             self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
         if samples:
-            update = policy_update(samples, UpdateContext.of_run(self.backend, cfg, self.pad_id, self.device))
+            update = policy_update(samples, UpdateContext.of_run(self.backend, cfg, self.pad_id, self.device),
+                                   self.policy_version)   # the version that decoded this step's segments
         metrics["time/train_s"] = time.perf_counter() - t1
         if update is not None and update.updated:
             self.policy_version += 1

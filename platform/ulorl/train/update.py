@@ -1,9 +1,10 @@
 """One policy update on released groups: the algorithm half of a training step.
 
 Order (DESIGN.md data flow): dynamic sampling -> advantages -> no-grad pass (current log-probs,
-entropy) -> old log-probs by IS mode -> MPT / DMMPT mask -> clipped token-level loss per mini-batch
--> backward per micro-batch -> optimizer step. Log-probs, entropies and MPT probabilities all use
-logits / rollout temperature, the distribution the rollout sampled from.
+entropy) -> old log-probs by IS mode -> train / inference mismatch (measured; corrected by
+``algo.rollout_correction``: weights and rejected tokens) -> MPT / DMMPT mask -> clipped token-level
+loss per mini-batch -> backward per micro-batch -> optimizer step. Log-probs, entropies and MPT
+probabilities all use logits / rollout temperature, the distribution the rollout sampled from.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from ulorl.algo import (
     select_old_logprobs,
 )
 from ulorl.algo.entropy_control import ControlInputs, draw_seed, entropy_control, kl_cov_loss
-from ulorl.config import AlgoConfig, ExperimentConfig, TrainConfig
+from ulorl.config import AlgoConfig, ExperimentConfig, TrainConfig, sais_logprobs_source
 from ulorl.rollout.types import Sample
 from ulorl.tracking.schema import NONFINITE_GRAD_METRIC
 from ulorl.train.backend import TrainBackend
 from ulorl.train.batch import TrainBatch, build_train_batch, rows_over_cap
 from ulorl.train.forward import autocast_ctx, current_token_stats, forward_logits, token_stats
+from ulorl.train.mismatch import MismatchSettings, rollout_mismatch, token_sources
 from ulorl.train.parallel import LocalParallel, ParallelOps
 from ulorl.train.sequence_parallel import check_sp_loss_agg
 
@@ -58,12 +60,15 @@ class UpdateContext:
     temperature: float      # the rollout's sampling temperature: log-probs are of logits / temperature
     pad_token_id: int       # pads the [B, L] token batch (padded positions are outside the response mask)
     device: torch.device    # where the [B, L] batch, the [B, L-1] log-probs and the loss are computed
+    max_response_len: Optional[int] = None   # the run's; sets the mismatch position buckets (None: the batch's)
+    sais_from_trainer: bool = True           # SAIS old log-probs are the trainer's (algo.sais_logprobs resolved)
 
     @classmethod
     def of_run(cls, backend: TrainBackend, cfg: ExperimentConfig, pad_token_id: int,
                device: torch.device) -> UpdateContext:
         """A run's context: its algo and train settings, and the temperature its rollout samples at."""
-        return cls(backend, cfg.algo, cfg.train, cfg.rollout.temperature, pad_token_id, device)
+        return cls(backend, cfg.algo, cfg.train, cfg.rollout.temperature, pad_token_id, device,
+                   cfg.rollout.max_response_len, sais_logprobs_source(cfg) == "trainer")
 
 
 @dataclass
@@ -115,6 +120,7 @@ class PreparedUpdate:
     loss_mask: torch.Tensor         # Bool[B, L-1]: tokens the loss keeps (MPT / DMMPT masking)
     metrics: dict[str, float]
     kl_tokens: Optional[torch.Tensor] = None  # Bool[B, L-1]: KL-Cov's penalised tokens (entropy_control kl_cov)
+    is_weights: Optional[torch.Tensor] = None  # Float[B, L-1]: rollout-correction weights (None: mode off)
 
 
 def parallel_ops(backend: TrainBackend, train: TrainConfig) -> ParallelOps:
@@ -122,10 +128,13 @@ def parallel_ops(backend: TrainBackend, train: TrainConfig) -> ParallelOps:
     return backend.data_parallel or LocalParallel(train.logprob_path, train.logprob_chunk_tokens)
 
 
-def prepare_update(samples: list[Sample], ctx: UpdateContext) -> PreparedUpdate | UpdateResult:
+def prepare_update(samples: list[Sample], ctx: UpdateContext,
+                   policy_version: Optional[int] = None) -> PreparedUpdate | UpdateResult:
     """Filter (dynamic sampling), batch, advantages, the no-grad pass (current log-probs, entropy),
-    old log-probs by IS mode, the mask and the pre-update statistics. An ``UpdateResult`` (not
-    updated, with its reason) when there is nothing to train on."""
+    old log-probs by IS mode, the train / inference mismatch and its correction, the mask and the
+    pre-update statistics. ``policy_version``: the version of the weights the update starts from (the
+    segments it decoded are measured against the no-grad pass; None: only stored SAIS trainer log-probs
+    are). An ``UpdateResult`` (not updated, with its reason) when there is nothing to train on."""
     backend, algo, train, temperature, device = ctx.backend, ctx.algo, ctx.train, ctx.temperature, ctx.device
     dp = parallel_ops(backend, train)
     dp.begin_update(samples)  # multi-process: rank 0 ships the samples; the other ranks run this on them
@@ -165,6 +174,9 @@ def prepare_update(samples: list[Sample], ctx: UpdateContext) -> PreparedUpdate 
     model.eval()
     cur_lp, ent = dp.token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
     old_lp = select_old_logprobs(algo.is_mode, cur_lp, batch.sais_logprobs) * resp
+    mm = rollout_mismatch(token_sources(kept, batch), batch, cur_lp, old_lp, MismatchSettings(
+        algo.rollout_correction, algo.is_mode, ctx.sais_from_trainer, policy_version, ctx.max_response_len))
+    metrics.update(mm.metrics)
 
     sample_entropy = (ent * resp).sum(1) / resp.sum(1).clamp(min=1)
     mask_in = MaskInputs(cur_lp, batch.rewards, resp, ent, tau=algo.mpt.tau, sigma=algo.mpt.sigma,
@@ -192,8 +204,8 @@ def prepare_update(samples: list[Sample], ctx: UpdateContext) -> PreparedUpdate 
         }
     )
     kl_tokens = acted if control.action == "kl" else None
-    return PreparedUpdate(kept, batch, adv, old_lp, loss_mask | acted if control.action == "mask" else loss_mask,
-                          metrics, kl_tokens)
+    kept_mask = loss_mask | acted if control.action == "mask" else loss_mask
+    return PreparedUpdate(kept, batch, adv, old_lp, kept_mask | mm.rejected, metrics, kl_tokens, mm.weights)
 
 
 def apply_update(prep: PreparedUpdate, ctx: UpdateContext) -> UpdateResult:
@@ -279,19 +291,20 @@ def _token_loss(prep: PreparedUpdate, algo: AlgoConfig, train: TrainConfig, lp: 
     The clipped surrogate (``policy_loss``), or KL-Cov's (``kl_cov_loss``) under entropy_control kl_cov."""
     old, adv, mask = prep.old_logprobs[idx, part].to(device), prep.advantages[idx].to(device), \
         prep.loss_mask[idx, part].to(device)
+    weights = None if prep.is_weights is None else prep.is_weights[idx, part].to(device)
     if prep.kl_tokens is not None:
         # one optimizer step on a POIS batch: old log-probs are this model's (verl's on_policy shortcut)
         on_policy = algo.is_mode == "pois" and train.updates_per_step == 1
         return kl_cov_loss(lp, old, adv, resp, prep.kl_tokens[idx, part].to(device), algo.entropy_control.kl_cov_coef,
                            mask, mb_tokens, loss_agg=algo.loss_agg, num_seqs=mb_seqs, on_policy=on_policy)
     return policy_loss(lp, old, adv, resp, loss_mask=mask, eps_low=algo.eps_low, eps_high=algo.eps_high,
-                       num_tokens=mb_tokens, loss_agg=algo.loss_agg, num_seqs=mb_seqs)
+                       num_tokens=mb_tokens, loss_agg=algo.loss_agg, num_seqs=mb_seqs, is_weights=weights)
 
 
-def policy_update(samples: list[Sample], ctx: UpdateContext) -> UpdateResult:
+def policy_update(samples: list[Sample], ctx: UpdateContext, policy_version: Optional[int] = None) -> UpdateResult:
     """Run the UloRL update on finished samples (whole groups): ``prepare_update`` then
-    ``apply_update``. Returns metrics for tracking."""
-    prep = prepare_update(samples, ctx)
+    ``apply_update``. Returns metrics for tracking. ``policy_version``: see ``prepare_update``."""
+    prep = prepare_update(samples, ctx, policy_version)
     if isinstance(prep, UpdateResult):
         return prep
     return apply_update(prep, ctx)

@@ -1,5 +1,6 @@
 """Curves: any metric of the selected runs against step or wall-clock time, smoothing, log
-scale, group-by bands, entropy with each run's target sigma, masking and pool sizes."""
+scale, group-by bands, entropy with each run's target sigma, masking and pool sizes, and the train /
+inference mismatch (mismatch/*, correction/*)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from ulorl.dashboard import cache, charts, frames, ui
+from ulorl.dashboard.mismatch_panel import HEADLINE as MISMATCH_HEADLINE
 from ulorl.tracking import schema
 
 NONE = "(none)"
@@ -19,7 +21,8 @@ WALL_METRIC = "time/wall_s"
 
 
 def _metric_order(keys: list[str]) -> list[str]:
-    known = schema.TRAIN_METRICS + schema.ROLLOUT_METRICS + schema.POOL_METRICS + schema.TIME_METRICS
+    known = (schema.TRAIN_METRICS + schema.ROLLOUT_METRICS + schema.POOL_METRICS + schema.TIME_METRICS
+             + MISMATCH_HEADLINE)
     return [k for k in known if k in keys] + [k for k in keys if k not in known]
 
 
@@ -71,18 +74,28 @@ def render() -> None:
             st.dataframe(curves, hide_index=True, key="curves_data")
 
     st.subheader("Masking and pool sizes")
-    present = [k for k in MASK_POOL_METRICS if k in keys]
+    _small_multiples(uri, runs, chosen, [k for k in MASK_POOL_METRICS if k in keys], smoothing, "curves_pools",
+                     "The selected runs logged no masking or pool metrics.")
+    st.subheader("Train / inference mismatch")
+    _small_multiples(uri, runs, chosen, [k for k in MISMATCH_HEADLINE if k in keys], smoothing, "curves_mismatch",
+                     "The selected runs logged no mismatch: runs log `mismatch/*` at every update when the engine "
+                     "returns the sampled tokens' log-probs; `correction/*` when `algo.rollout_correction.mode` is on.")
+
+
+def _small_multiples(uri: str, runs: pd.DataFrame, chosen: list[str], present: list[str], smoothing: float, key: str,
+                     empty: str) -> None:
+    """One small panel per metric of ``present`` for the chosen runs (``empty``: the note when none is)."""
     if not present:
-        st.info("The selected runs logged no masking or pool metrics.")
+        st.info(empty)
         return
     mp = cache.histories(uri, tuple(chosen), tuple(present))
     parts = []
-    for key in present:
-        part = frames.curve_frame(mp[mp["metric"] == key], runs, x="step", smoothing=smoothing)
-        parts.append(part.assign(metric=key))
+    for metric in present:
+        part = frames.curve_frame(mp[mp["metric"] == metric], runs, x="step", smoothing=smoothing)
+        parts.append(part.assign(metric=metric))
     small = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if not small.empty:
-        st.altair_chart(charts.small_multiples(small), key="curves_pools")
+        st.altair_chart(charts.small_multiples(small), key=key)
 
 
 if __name__ == "__main__":

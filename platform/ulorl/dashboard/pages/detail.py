@@ -1,5 +1,6 @@
 """Run detail: config (params), tags, metrics, checkpoints, and the sampled responses with segment
-boundaries coloured by policy version and masked MPT tokens highlighted."""
+boundaries coloured by policy version and masked MPT tokens highlighted; panels for the length audit
+and the train / inference mismatch (by segment and position bucket)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import streamlit as st
 from ulorl.dashboard import cache, ui
 from ulorl.dashboard import render as html_render
 from ulorl.dashboard.audit_panel import render_length_audit
+from ulorl.dashboard.mismatch_panel import render_mismatch
 
 MAX_SAMPLES_SHOWN = 16
 
@@ -76,6 +78,8 @@ def render() -> None:
     metrics = {c[len("metrics."):]: v for c, v in row.items() if c.startswith("metrics.") and pd.notna(v)}
 
     render_length_audit(uri, run_id)
+    max_len = pd.to_numeric(params.get("rollout.max_response_len"), errors="coerce")
+    render_mismatch(uri, run_id, None if pd.isna(max_len) else int(max_len))
     t_samples, t_config, t_metrics, t_tags, t_ckpt = st.tabs(["Samples", "Config", "Metrics", "Tags", "Checkpoints"])
     with t_samples:
         _samples_tab(uri, run_id)

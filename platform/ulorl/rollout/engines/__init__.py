@@ -38,10 +38,11 @@ def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any, *, in_trainer_proc
 
     ``hf``: ``HFEngine`` over ``model`` stopping on ``stop_token_ids(model, tokenizer)`` (tokenizer
     EOS and the generation config's end ids), the tokenizer's pad id, ``rollout.device`` and
-    ``rollout.batching``. ``vllm``: ``ulorl.rollout.engines.vllm.VLLMEngine.from_config(rollout_cfg,
-    model, tokenizer)``; raises ``MissingExtraError`` when vLLM is not installed. ``in_trainer_process``:
-    False in a Ray engine actor (no trainer beside the engine: no shared GPU, native transfer sent from
-    the trainer's rank 0).
+    ``rollout.batching``, computing in ``rollout.engine_dtype`` (None: the model's dtype). ``vllm``:
+    ``ulorl.rollout.engines.vllm.VLLMEngine.from_config(rollout_cfg, model, tokenizer)`` (its dtype:
+    ``rollout.engine_dtype``, None: the model's); raises ``MissingExtraError`` when vLLM is not installed.
+    ``in_trainer_process``: False in a Ray engine actor (no trainer beside the engine: no shared GPU,
+    native transfer sent from the trainer's rank 0).
     """
     name = getattr(rollout_cfg, "engine", None)
     if name == "hf":
@@ -54,7 +55,8 @@ def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any, *, in_trainer_proc
         pad = getattr(tokenizer, "pad_token_id", None)
         return HFEngine(model, eos_token_id=eos, pad_token_id=pad if pad is not None else eos[0],
                         device=getattr(rollout_cfg, "device", "cpu"),
-                        batching=getattr(rollout_cfg, "batching", "compact"))
+                        batching=getattr(rollout_cfg, "batching", "compact"),
+                        dtype=getattr(rollout_cfg, "engine_dtype", None))
     if name == "vllm":
         try:
             import vllm  # noqa: F401
@@ -62,5 +64,6 @@ def make_engine(rollout_cfg: Any, model: Any, tokenizer: Any, *, in_trainer_proc
             raise MissingExtraError(VLLM_MISSING_MESSAGE) from exc
         from ulorl.rollout.engines.vllm import VLLMEngine
 
-        return VLLMEngine.from_config(rollout_cfg, model, tokenizer, in_trainer_process=in_trainer_process)
+        return VLLMEngine.from_config(rollout_cfg, model, tokenizer, in_trainer_process=in_trainer_process,
+                                      dtype=getattr(rollout_cfg, "engine_dtype", None))
     raise ValueError(f"rollout.engine must be 'hf' or 'vllm', got {name!r}")

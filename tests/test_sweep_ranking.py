@@ -79,20 +79,24 @@ def test_verdict_never_rests_on_two_identical_rerun_differences():
               _confirmed("rerun2", "rerun", 2, base, [x + 0.25 for x in base])]
     v = verdict(trials)
     # +0.25 on every problem and both seeds: no t-interval (2 seeds, zero spread); the pooled problem
-    # bootstrap is the point 0.25 and carries the verdict alone
+    # bootstrap is the point 0.25, and alone it carries no verdict
     assert v.t_interval is None and v.problem_interval == pytest.approx((0.25, 0.25))
-    assert "no t-interval: only 2 seed(s)" in v.line and v.beats is True
+    assert "no t-interval: only 2 seed(s)" in v.line and v.beats is None
+    assert "cannot be judged without a t-interval across seeds" in v.line
     v1 = verdict(trials[:-1] + [_confirmed("rerun9", "rerun", 9, base, base)])   # one paired re-run seed
     assert v1.beats is None and "cannot be judged" in v1.line
 
 
-def test_verdict_without_a_split_says_it_scores_the_selection_problems():
+def test_verdict_without_a_split_is_refused():
     base = [0.0, 0.5, 0.5, 1.0, 0.0, 0.5]
     trials = [_trial("best", "search", 0, [x + 0.25 for x in base]), _trial("base0", "baseline", 0, base),
-              _trial("base1", "baseline", 1, base), _trial("rerun1", "rerun", 1, [x + 0.25 for x in base])]
+              *[_trial(f"base{s}", "baseline", s, base) for s in (1, 2, 3)],
+              *[_trial(f"rerun{s}", "rerun", s, [x + 0.15 + 0.05 * s for x in base]) for s in (1, 2, 3)]]
     v = verdict(trials)
+    # three re-run seeds with a spread, every interval above zero, yet picked on the problems it is judged on
     assert v.part == "all" and "the ones the search selected on" in v.line
-    assert [p["seed_offset"] for p in v.per_seed] == [1] and v.beats is None
+    assert v.t_interval is not None and v.t_interval[0] > 0
+    assert v.beats is None and "REFUSED" in v.line
 
 
 def test_ranking_rows_pair_with_the_same_seed_baseline():

@@ -410,6 +410,17 @@ class TrackingConfig(_Section):
         "when it listens beyond loopback (generated when unset; never printed or logged)")
 
 
+class FinalEvalConfig(_Section):
+    """One evaluation after the last training step on held-out problems no periodic eval scores
+    (eval/<bench>_final/*, ulorl.eval.final): many samples on many fresh problems, so the verdicts that
+    read it carry little evaluation noise, while the periodic evals a search selects on stay cheap."""
+
+    k: int = Field(0, ge=0, description="responses per problem of the final evaluation; 0 = no final evaluation")
+    num_problems: int = Field(512, ge=1, description="held-out problems it scores: the first ones after the "
+                              "periodic eval's eval.num_problems whose prompt no periodic eval scores (duplicates "
+                              "skipped); embedded tasks: raise data.task.num_heldout to hold them")
+
+
 class EvalConfig(_Section):
     """Periodic held-out evaluation during training (avg@k on data.heldout)."""
 
@@ -425,12 +436,17 @@ class EvalConfig(_Section):
         0, ge=0, description="split the evaluated problems: the first N are the selection part (eval/<bench>_select/*, "
         "what a sweep optimises), the rest the confirmation part (eval/<bench>_confirm/*, what its verdict scores); "
         "eval/<bench>/* stays the whole set; 0 = no split")
+    final: FinalEvalConfig = Field(FinalEvalConfig(), description="one evaluation after the last step on held-out "
+                                   "problems the periodic evals never score, with its own k and problem count")
 
     @model_validator(mode="after")
     def _split_inside(self) -> EvalConfig:
         if self.select_problems and self.num_problems is not None and self.select_problems >= self.num_problems:
             raise ValueError(f"eval.select_problems ({self.select_problems}) must be below eval.num_problems "
                              f"({self.num_problems}): the rest are the confirmation problems")
+        if self.final.k and self.every and self.num_problems is None:
+            raise ValueError("eval.final.k needs eval.num_problems set: the final evaluation scores the held-out "
+                             "problems after the periodic eval's, and eval.num_problems None (all) leaves none")
         return self
 
 

@@ -10,12 +10,19 @@ Two arms a, b run on the same seeds s = 1..n and scored on the same P held-out p
   not evidence (:func:`seed_interval_usable`);
 - over problems: each problem's score averaged over the seeds of its arm, then the paired percentile
   bootstrap of the mean difference (:func:`pooled_problem_interval`);
-- verdict (:func:`verdict`) from the intervals that exist, at the level they were computed at
-  (:data:`LEVEL_DIRECTIONAL` for "a beats b", :data:`LEVEL_EQUIVALENCE` for "a equals b within
-  +-margin": the 90 % interval is the two one-sided tests at alpha 0.05);
-- minimum detectable effect (:func:`mde_seeds`, :func:`mde_problems`): the true difference an
-  interval of that level would tell from zero with probability :data:`POWER`, given the observed
-  spread: (q_{1-alpha/2} + q_{POWER}) * standard error.
+- verdict (:func:`judge`, :func:`verdict`) from the intervals that exist, at the level they were
+  computed at (:data:`LEVEL_DIRECTIONAL` for "a beats b", :data:`LEVEL_EQUIVALENCE` for "a equals b
+  within +-margin": the 90 % interval is the two one-sided tests at alpha 0.05). "holds" / "does not
+  hold" need the t-interval across seeds among them: the problem bootstrap sees one draw of the
+  training seeds and alone cannot carry a verdict (the row is "inconclusive" and says why);
+- minimum detectable effect (:func:`mde_seeds`, :func:`mde_problems`) of a directional claim: the
+  true difference an interval of that level would tell from zero with probability :data:`POWER`,
+  given the observed spread: (q_{1-alpha/2} + q_{POWER}) * standard error;
+- of a no-difference claim, the smallest margin its design could establish with probability
+  :data:`POWER` when the true difference is 0 (:func:`equivalence_margin_seeds`,
+  :func:`equivalence_margin_problems`): two one-sided tests at alpha, each must reject, so
+  (q_{1-alpha} + q_{(1+POWER)/2}) * standard error, and the seeds a given margin would need
+  (:func:`seeds_for_margin`).
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ LEVEL_EQUIVALENCE = 0.90    # "a ~ b within +-margin": 90 % intervals = TOST at 
 POWER = 0.80                # of the minimum detectable effect
 
 HOLDS, NOT_HOLD, INCONCLUSIVE, FEW_SEEDS = "holds", "does not hold", "inconclusive", "not enough seeds"
+ARMS_IDENTICAL = "arms identical"   # the two arms' runs are bit-identical: there is no comparison to make
+REFUSED = "refused"                 # a selected configuration with no problems the selection did not see
 
 
 # ----------------------------------------------------------------------------- per-problem scores
@@ -169,39 +178,65 @@ def pooled_problem_differences(a: Sequence[dict[str, float]], b: Sequence[dict[s
 # ----------------------------------------------------------------------------- verdict and power
 
 
-def verdict(direction: int, intervals: Sequence[tuple[float, float]], n_seeds: int,
-            margin: Optional[float] = None) -> str:
-    """Verdict on a - b from the intervals (low, high) that may be used, all at one level.
+def judge(direction: int, intervals: Sequence[tuple[float, float]], n_seeds: int, margin: Optional[float] = None,
+          t_usable: Optional[bool] = None) -> tuple[str, str]:
+    """Verdict on a - b from the intervals (low, high) that may be used, all at one level, and why
+    when it is not "holds" / "does not hold" ("" otherwise).
 
+    ``t_usable``: whether the t-interval across seeds is among ``intervals`` (default: it is when
+    n_seeds >= :data:`MIN_T_SEEDS`; a t-interval needs that many seeds with a non-zero spread,
+    :func:`seed_interval_usable`). Without it the verdict is "inconclusive": what is left, the
+    bootstrap over problems, sees one draw of the training seeds, not their spread.
     direction +1 / -1 (the paper says a > b / a < b): "holds" when every interval excludes zero in
     that direction, "does not hold" when every one excludes it in the other, else "inconclusive".
     direction 0 (a equals b within +-``margin``; two one-sided tests): "holds" when every interval
     lies inside (-margin, margin), "does not hold" when every one lies wholly outside it
     (low >= margin or high <= -margin), else "inconclusive".
     Fewer than 2 paired seeds, or no interval with fewer than :data:`MIN_T_SEEDS`: "not enough seeds".
+    ``judge(1, [(0.01, 0.07)], 2)[0] == "inconclusive"``.
     """
     if direction not in (-1, 0, 1):
         raise ValueError(f"direction must be -1, 0 or +1, got {direction}")
     if direction == 0 and (margin is None or margin <= 0):
         raise ValueError(f"a no-difference claim (direction 0) needs a margin > 0, got {margin}")
+    if t_usable is None:
+        t_usable = n_seeds >= MIN_T_SEEDS
     if n_seeds < 2:
-        return FEW_SEEDS
+        return FEW_SEEDS, f"{n_seeds} paired seed(s)"
     if not intervals:
-        return FEW_SEEDS if n_seeds < MIN_T_SEEDS else INCONCLUSIVE
+        if n_seeds < MIN_T_SEEDS:
+            return FEW_SEEDS, f"{n_seeds} paired seeds and no interval over problems"
+        return INCONCLUSIVE, "no interval to judge by"
     if direction == 0:
         assert margin is not None
         if all(-margin < lo and hi < margin for lo, hi in intervals):
-            return HOLDS
-        if all(lo >= margin or hi <= -margin for lo, hi in intervals):
-            return NOT_HOLD
-        return INCONCLUSIVE
-    with_paper = [lo > 0 if direction > 0 else hi < 0 for lo, hi in intervals]
-    against = [hi < 0 if direction > 0 else lo > 0 for lo, hi in intervals]
-    if all(with_paper):
-        return HOLDS
-    if all(against):
-        return NOT_HOLD
-    return INCONCLUSIVE
+            word = HOLDS
+        elif all(lo >= margin or hi <= -margin for lo, hi in intervals):
+            word = NOT_HOLD
+        else:
+            return INCONCLUSIVE, f"an interval crosses +-{margin:g}"
+    else:
+        with_paper = [lo > 0 if direction > 0 else hi < 0 for lo, hi in intervals]
+        against = [hi < 0 if direction > 0 else lo > 0 for lo, hi in intervals]
+        if all(with_paper):
+            word = HOLDS
+        elif all(against):
+            word = NOT_HOLD
+        else:
+            return INCONCLUSIVE, "an interval includes zero" if any(lo <= 0 <= hi for lo, hi in intervals) \
+                else "the intervals disagree in sign"
+    if not t_usable:
+        why = (f"only {n_seeds} seed(s)" if n_seeds < MIN_T_SEEDS else "the per-seed differences have no spread")
+        return INCONCLUSIVE, (f"the problem bootstrap alone would say '{word}', but there is no t-interval across "
+                              f"seeds ({why}; a verdict needs >= {MIN_T_SEEDS} seeds with a spread): one draw of "
+                              "the training seeds says nothing of their spread")
+    return word, ""
+
+
+def verdict(direction: int, intervals: Sequence[tuple[float, float]], n_seeds: int,
+            margin: Optional[float] = None, t_usable: Optional[bool] = None) -> str:
+    """The verdict word of :func:`judge`."""
+    return judge(direction, intervals, n_seeds, margin, t_usable)[0]
 
 
 def mde_seeds(diffs: Sequence[float], level: float = LEVEL_DIRECTIONAL, power: float = POWER) -> Optional[float]:
@@ -215,6 +250,82 @@ def mde_seeds(diffs: Sequence[float], level: float = LEVEL_DIRECTIONAL, power: f
     return (t_quantile((1.0 + level) / 2.0, df) + t_quantile(power, df)) * float(x.std(ddof=1)) / math.sqrt(x.size)
 
 
+def equivalence_margin_seeds(diffs: Sequence[float], alpha: float = ALPHA,
+                             power: float = POWER) -> Optional[float]:
+    """Smallest margin +-m the two one-sided tests at ``alpha`` over these seeds would establish with
+    probability ``power`` when the true difference is 0: (t_{1-alpha, n-1} + t_{(1+power)/2, n-1}) *
+    sd / sqrt(n); None when the t-interval is not usable."""
+    if not seed_interval_usable(diffs)[0]:
+        return None
+    x = np.asarray(diffs, dtype=np.float64)
+    df = int(x.size) - 1
+    return (t_quantile(1.0 - alpha, df) + t_quantile((1.0 + power) / 2.0, df)) * float(x.std(ddof=1)) \
+        / math.sqrt(x.size)
+
+
+def equivalence_margin_problems(diffs: Sequence[float], alpha: float = ALPHA,
+                                power: float = POWER) -> Optional[float]:
+    """The same over problems (Float[P] seed-averaged differences): (z_{1-alpha} + z_{(1+power)/2}) *
+    sd / sqrt(P); None with fewer than 2 problems."""
+    x = np.asarray(diffs, dtype=np.float64)
+    if x.size < 2:
+        return None
+    z = NormalDist()
+    return (z.inv_cdf(1.0 - alpha) + z.inv_cdf((1.0 + power) / 2.0)) * float(x.std(ddof=1)) / math.sqrt(x.size)
+
+
+def _seeds_needed(sd: float, target: float, p_test: float, p_power: float, max_seeds: int) -> Optional[int]:
+    """The smallest n >= :data:`MIN_T_SEEDS` with (t_{p_test, n-1} + t_{p_power, n-1}) * sd / sqrt(n)
+    <= ``target`` (the left side falls with n: double, then bisect); None beyond ``max_seeds``."""
+    if target <= 0:
+        raise ValueError(f"the target difference must be > 0, got {target}")
+
+    def needed(n: int) -> float:
+        return (t_quantile(p_test, n - 1) + t_quantile(p_power, n - 1)) * sd / math.sqrt(n)
+
+    lo = MIN_T_SEEDS
+    if needed(lo) <= target:
+        return lo
+    hi = lo
+    while needed(hi) > target:
+        if hi >= max_seeds:
+            return None
+        lo, hi = hi, min(2 * hi, max_seeds)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if needed(mid) <= target else (mid, hi)
+    return hi
+
+
+def seeds_for_margin(sd: float, margin: float, alpha: float = ALPHA, power: float = POWER,
+                     max_seeds: int = 100_000) -> Optional[int]:
+    """Seeds (>= :data:`MIN_T_SEEDS`) at which the two one-sided tests would establish +-``margin``
+    with probability ``power`` if the per-seed differences keep the spread ``sd`` and their true mean
+    is 0: the smallest n with (t_{1-alpha, n-1} + t_{(1+power)/2, n-1}) * sd / sqrt(n) <= margin;
+    None beyond ``max_seeds``."""
+    return _seeds_needed(sd, margin, 1.0 - alpha, (1.0 + power) / 2.0, max_seeds)
+
+
+def seeds_for_effect(sd: float, effect: float, level: float = LEVEL_DIRECTIONAL, power: float = POWER,
+                     max_seeds: int = 100_000) -> Optional[int]:
+    """Seeds (>= :data:`MIN_T_SEEDS`) at which the t-interval at ``level`` would tell a true difference
+    ``effect`` from zero with probability ``power`` if the per-seed differences keep the spread ``sd``:
+    the smallest n whose :func:`mde_seeds` is <= |effect|; None beyond ``max_seeds``."""
+    return _seeds_needed(sd, abs(effect), (1.0 + level) / 2.0, power, max_seeds)
+
+
+def sampling_variance(scores: Sequence[float], k: int) -> Optional[float]:
+    """Evaluation sampling variance of a run's held-out mean, given its problems: each problem's
+    accuracy p_i is a mean of k Bernoulli draws, so Var(mean) = sum_i p_i (1 - p_i) / k / P^2, with
+    p_i (1 - p_i) estimated without bias by p^_i (1 - p^_i) k / (k - 1):
+    sum_i p^_i (1 - p^_i) / (k - 1) / P^2. ``scores``: Float[P] accuracies; None for k < 2 or no problems.
+    ``sampling_variance([0.5, 0.5], 2) == 0.125``."""
+    x = np.asarray(scores, dtype=np.float64)
+    if k < 2 or x.size == 0:
+        return None
+    return float(np.sum(x * (1.0 - x)) / (k - 1) / x.size ** 2)
+
+
 def mde_problems(diffs: Sequence[float], level: float = LEVEL_DIRECTIONAL, power: float = POWER) -> Optional[float]:
     """The same over problems for the paired bootstrap: (z_{(1+level)/2} + z_{power}) * sd / sqrt(P)
     of the per-problem differences ``diffs`` (Float[P], seed-averaged); None with fewer than 2 problems."""
@@ -225,7 +336,10 @@ def mde_problems(diffs: Sequence[float], level: float = LEVEL_DIRECTIONAL, power
     return (z.inv_cdf((1.0 + level) / 2.0) + z.inv_cdf(power)) * float(x.std(ddof=1)) / math.sqrt(x.size)
 
 
-__all__ = ["ALPHA", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "LEVEL_DIRECTIONAL", "LEVEL_EQUIVALENCE", "MIN_T_SEEDS",
-           "NOT_HOLD", "POWER", "mde_problems", "mde_seeds", "paired_bootstrap", "parse_per_problem_csv",
-           "pooled_problem_differences", "pooled_problem_interval", "seed_interval_usable", "t_cdf_two_sided",
-           "t_interval", "t_quantile", "verdict"]
+__all__ = ["ALPHA", "ARMS_IDENTICAL", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "LEVEL_DIRECTIONAL", "LEVEL_EQUIVALENCE",
+           "MIN_T_SEEDS", "NOT_HOLD", "POWER", "REFUSED", "equivalence_margin_problems", "equivalence_margin_seeds",
+           "judge", "mde_problems", "mde_seeds", "paired_bootstrap", "parse_per_problem_csv",
+           "pooled_problem_differences", "pooled_problem_interval", "sampling_variance", "seed_interval_usable",
+           "seeds_for_effect",
+           "seeds_for_margin",
+           "t_cdf_two_sided", "t_interval", "t_quantile", "verdict"]

@@ -9,25 +9,32 @@ pooled when their fixed settings agree (:func:`sweep_groups`); the statistics ar
 :mod:`ulorl.eval.paired`'s:
 
 - effect = mean_s d_s;
-- across seeds: the t-interval over the d_s, used only with >= 3 seeds and a non-zero spread;
-  otherwise the verdict rests on the problem bootstrap alone and the row says so;
+- held-out metrics read the final evaluation (``eval.final``: after the last step, on held-out
+  problems no periodic eval scores) when every paired run has it, else the periodic evals;
+- across seeds: the t-interval over the d_s, usable only with >= 3 seeds and a non-zero spread;
 - over problems (held-out metrics only, where every run logged its per-problem CSV): the paired
   bootstrap over the held-out problems all runs share, each problem's score averaged over the
   seeds of its arm first;
 - level: 95 % intervals for "a beats b" claims, 90 % for "a equals b within +-margin" (the two
   one-sided tests at alpha 0.05); the row states it;
-- verdict (:func:`verdict`): directional claims hold when every interval excludes zero in the
-  paper's direction, do not hold when every one excludes it in the other; a no-difference claim
-  holds when every interval lies inside +-margin, does not hold when every one lies wholly outside;
-  anything else is inconclusive; fewer than 2 paired seeds (or 2 without a per-problem interval):
-  "not enough seeds";
-- minimum detectable effect: the true difference each interval would tell from zero with 80 %
-  probability, given the observed spread, seeds and problems; the row shows the larger (both
-  intervals must agree for a verdict).
+- verdict (:func:`ulorl.eval.paired.judge`): directional claims hold when every interval excludes
+  zero in the paper's direction, do not hold when every one excludes it in the other; a
+  no-difference claim holds when every interval lies inside +-margin, does not hold when every one
+  lies wholly outside; either needs the t-interval among the intervals (without it: inconclusive,
+  and the row says why); anything else is inconclusive; fewer than 2 paired seeds (or 2 without a
+  per-problem interval): "not enough seeds";
+- "arms identical" when the two arms' runs are bit-identical on every seed; "refused" for a
+  configuration a search selected when no held-out problems the search did not see exist;
+- a row that repeats or negates an earlier one on the same runs is dropped (:func:`drop_mirrored_rows`);
+- minimum detectable effect (directional claims): the true difference each interval would tell
+  from zero with 80 % probability, given the observed spread, seeds and problems; the row shows
+  the larger (both intervals must agree); no-difference claims show instead the smallest margin
+  the two one-sided tests could establish with 80 % probability and the seeds their margin needs.
 
 The headline claim (best tau x sigma vs masking off) reads only the re-run seeds of the best
-configuration (seed 0 of the search picked it) on the confirmation part of the held-out problems
-(``eval/heldout_confirm/avg_at_k``, ``eval.select_problems``), the part the search did not see.
+configuration (seed 0 of the search picked it) on problems the search did not see: the final
+evaluation's, else the confirmation part of the held-out problems (``eval/heldout_confirm/avg_at_k``,
+``eval.select_problems``).
 
 The paper's direction of every claim is written once, in :data:`CLAIMS`.
 
@@ -46,7 +53,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ulorl.eval.final import final_bench
 from ulorl.eval.paired import (
+    ARMS_IDENTICAL,
     FEW_SEEDS,
     HOLDS,
     INCONCLUSIVE,
@@ -55,12 +64,19 @@ from ulorl.eval.paired import (
     MIN_T_SEEDS,
     NOT_HOLD,
     POWER,
+    REFUSED,
+    equivalence_margin_problems,
+    equivalence_margin_seeds,
+    judge,
     mde_problems,
     mde_seeds,
     paired_bootstrap,
     pooled_problem_differences,
     pooled_problem_interval,
+    sampling_variance,
     seed_interval_usable,
+    seeds_for_effect,
+    seeds_for_margin,
     t_cdf_two_sided,
     t_interval,
     t_quantile,
@@ -75,9 +91,10 @@ HELDOUT = schema.eval_metric("heldout", "avg_at_k")
 ENTROPY = "train/entropy"
 FINAL_WINDOW = 10        # "final entropy": mean train/entropy over a run's last 10 logged steps
 CONFIRM = "heldout_confirm"   # the held-out problems a search did not select on (eval.select_problems)
+FINAL = final_bench("heldout")  # eval.final: after the last step, on held-out problems no periodic eval scores
 
 # Metrics a claim can compare (see :func:`run_value`).
-M_HELDOUT = "heldout_final"            # last periodic eval/<bench>/avg_at_k
+M_HELDOUT = "heldout_last"             # last eval/<bench>/avg_at_k (the final evaluation when every run has it)
 M_HELDOUT_SAMPLES = "heldout_at_samples"  # last periodic eval within the group's equal trained-samples budget
 M_ENTROPY = "entropy_final"            # mean train/entropy over the last FINAL_WINDOW steps
 M_SIGMA_GAP = "entropy_gap_to_sigma"   # |entropy_final - algo.mpt.sigma of arm a's run of that seed|
@@ -124,6 +141,7 @@ class Claim:
     margin: Optional[float] = None   # direction 0 only: |a - b| below this counts as equal
     with_baseline: bool = False      # True: sweeps with a baseline trial (headline); False: sweeps without
     bench: str = "heldout"           # held-out metrics: eval/<bench>/avg_at_k and its per-problem CSVs
+    paper_effect: Optional[float] = None  # the paper's own a - b where it reports one (accuracy as a fraction)
 
     @property
     def level(self) -> float:
@@ -155,7 +173,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("fig5_sigma_gap", ("fig4", "fig5"), M_SIGMA_GAP, DMMPT, OFF, -1,
           "Fig. 5: entropy under DMMPTs stays near the target sigma", S_MPT),
     Claim("fig5_heldout", ("fig4", "fig5"), M_HELDOUT, DMMPT, OFF, +1,
-          "Table 2: UloRL-A3B-128k 71.5 vs w/o DMMPTs 67.9 (AVG avg@32)", S_MPT),
+          "Table 2: UloRL-A3B-128k 71.5 vs w/o DMMPTs 67.9 (AVG avg@32)", S_MPT, paper_effect=(71.5 - 67.9) / 100),
     Claim("table3_heldout", ("table3",), M_HELDOUT_SAMPLES, LOOSE, TIGHT, +1,
           "Table 3: longer training outputs score higher (AVG 62.9 at 32k, 69.2 at 64k, 71.5 at 128k)", S_LEN),
     Claim("fig2_pois_vs_tois", ("fig2",), M_HELDOUT, POIS, TOIS, 0,
@@ -166,7 +184,8 @@ CLAIMS: tuple[Claim, ...] = (
           "implied by Fig. 2: SAIS below POIS, which overlaps TOIS", S_IS),
     Claim("headline", ("fig5",), M_HELDOUT, Arm("best tau x sigma, re-run seeds", role=ROLE_RERUN),
           Arm("baseline (masking off)", role=ROLE_BASELINE), +1,
-          "Table 2: DMMPTs 71.5 vs w/o DMMPTs 67.9 (AVG avg@32)", S_HEAD, with_baseline=True, bench=CONFIRM),
+          "Table 2: DMMPTs 71.5 vs w/o DMMPTs 67.9 (AVG avg@32)", S_HEAD, with_baseline=True, bench=CONFIRM,
+          paper_effect=(71.5 - 67.9) / 100),
     # DMMPTs beside the other entropy controls (runs tagged entropy_controls, sweeps/choice/entropy_controls.yaml):
     # each comparator vs off on final entropy and held-out, DMMPTs vs each comparator on held-out. Arms
     # pin both keys: the comparator arms run with algo.mpt.mode off.
@@ -357,6 +376,14 @@ def run_value(source: RunSource, run: RunInfo, metric: str, budget: Optional[flo
     return Value(hit[1], hit[0], _scores_at(source, run, hit[0], bench))
 
 
+def _samples_text(source: RunSource, a_runs: Sequence[RunInfo], b_runs: Sequence[RunInfo]) -> str:
+    """``a 9,472 / 9,600 / ..., b ...``: the trained samples (train/samples summed) of each arm's runs."""
+    def total(r: RunInfo) -> str:
+        _, values = source.history(r.run_id, "train/samples")
+        return f"{sum(values):,.0f}" if values else "?"
+    return "a " + " / ".join(total(r) for r in a_runs) + ", b " + " / ".join(total(r) for r in b_runs)
+
+
 def _scores_at(source: RunSource, run: RunInfo, step: int, bench: str) -> dict[str, float]:
     """Per-problem scores behind the held-out value logged at ``step``: the trainer logs the last
     eval's metrics at every step, so they come from its latest eval at or before ``step``."""
@@ -386,10 +413,19 @@ class ClaimResult:
     problem_low: Optional[float] = None
     problem_high: Optional[float] = None
     problems: int = 0
-    mde_seeds: Optional[float] = None          # minimum detectable effect of the t-interval
+    mde_seeds: Optional[float] = None          # minimum detectable effect of the t-interval (directional claims)
     mde_problems: Optional[float] = None       # ... of the bootstrap over problems
+    eq_margin_seeds: Optional[float] = None    # no-difference claims: the smallest margin the TOST over seeds
+    eq_margin_problems: Optional[float] = None  # ... over problems would establish with 80 % power
+    seeds_for_margin: Optional[int] = None     # no-difference claims: the seeds +-margin would need
     basis: str = B_NONE                        # what the verdict rests on
     verdict: str = NOT_RUN
+    why: str = ""                              # why the verdict is not holds / does not hold
+    paper_effect: Optional[float] = None       # the paper's own a - b (Claim.paper_effect)
+    seeds_for_paper_effect: Optional[int] = None  # seeds that would detect it at the observed spread (80 %)
+    costs: dict[str, dict[str, float]] = field(default_factory=dict)  # per arm ("a", "b"): run_costs of its runs
+    eval_k: Optional[int] = None               # held-out metrics: samples per problem of the evaluation read
+    eval_noise_share: Optional[float] = None   # evaluation sampling variance / variance of the per-seed differences
     per_seed: list[dict[str, Any]] = field(default_factory=list)
     run_ids: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -400,10 +436,17 @@ class ClaimResult:
         vals = [v for v in (self.mde_seeds, self.mde_problems) if v is not None]
         return max(vals) if vals else None
 
+    @property
+    def eq_margin(self) -> Optional[float]:
+        """No-difference claims: the larger of the two smallest establishable margins."""
+        vals = [v for v in (self.eq_margin_seeds, self.eq_margin_problems) if v is not None]
+        return max(vals) if vals else None
+
 
 def _empty(claim: Claim, sweep: str, notes: Optional[list[str]] = None) -> ClaimResult:
     return ClaimResult(claim.name, claim.paper_says, METRIC_TEXT[claim.metric], f"{claim.a.label} vs {claim.b.label}",
-                       claim.direction, sweep, level=claim.level, margin=claim.margin, notes=list(notes or []))
+                       claim.direction, sweep, level=claim.level, margin=claim.margin, notes=list(notes or []),
+                       paper_effect=claim.paper_effect)
 
 
 def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sweep: str) -> Optional[ClaimResult]:
@@ -425,27 +468,48 @@ def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sw
     res.notes += notes_a + notes_b
     alpha = 1.0 - claim.level
     bench = claim.bench
-    if claim.metric in PER_PROBLEM:
-        if bench != "heldout" and not any(schema.eval_metric(bench, "avg_at_k") in r.metrics
-                                          for r in list(a.values()) + list(b.values())):
-            res.notes.append(f"no {bench} part in these runs (no eval.select_problems split): scored on all "
-                             "held-out problems, the ones the search selected on")
-            bench = "heldout"
-        res.bench = bench
     seeds = sorted(set(a) & set(b))
+    metric = claim.metric
+    if claim.metric in PER_PROBLEM:
+        paired_runs = [a[s] for s in seeds] + [b[s] for s in seeds]
+        with_final = [r for r in paired_runs if schema.eval_metric(FINAL, "avg_at_k") in r.metrics]
+        if paired_runs and len(with_final) == len(paired_runs):
+            bench, metric = FINAL, M_HELDOUT
+            res.notes.append(f"read the final evaluation ({FINAL}: eval.final, held-out problems no periodic eval "
+                             "scored, so no search saw them)")
+            if claim.metric == M_HELDOUT_SAMPLES:
+                res.notes.append("the final evaluation is after the last step: arms compared at equal steps (equal "
+                                 "rollout prompts), not equal trained samples; trained samples per run "
+                                 + _samples_text(source, [a[s] for s in seeds], [b[s] for s in seeds]))
+        else:
+            if with_final:
+                res.notes.append(f"{len(with_final)} of {len(paired_runs)} paired runs have the final evaluation "
+                                 f"({FINAL}): it needs every one, so the periodic evals are read")
+            if bench != "heldout" and not any(schema.eval_metric(bench, "avg_at_k") in r.metrics
+                                              for r in list(a.values()) + list(b.values())):
+                if claim.a.role == ROLE_RERUN:   # a selected configuration: only unseen problems may judge it
+                    res.bench, res.seeds, res.verdict = bench, len(seeds), REFUSED
+                    res.why = (f"no selection / confirmation split: the runs have neither {FINAL} (eval.final) nor "
+                               f"{bench} (eval.select_problems), so the only held-out problems are the ones the "
+                               "search selected on; re-run the sweep with eval.final or eval.select_problems")
+                    res.notes.append(res.why)
+                    return res
+                res.notes.append(f"no {bench} part in these runs: scored on all held-out problems")
+                bench = "heldout"
+        res.bench = bench
     unpaired = sorted(set(a) ^ set(b))
     if unpaired:
         res.notes.append(f"{len(unpaired)} seed(s) with one arm only, left out: "
                          + ", ".join("/".join(s) for s in unpaired))
     budget = sample_budget(source, [a[s] for s in seeds] + [b[s] for s in seeds]) \
-        if claim.metric == M_HELDOUT_SAMPLES else None
+        if metric == M_HELDOUT_SAMPLES else None
     if budget is not None:
         res.notes.append(f"equal trained-samples budget {budget:.0f} (the fewest any run had at its last eval)")
     diffs, a_scores, b_scores, missing = [], [], [], []
     for s in seeds:
         sigma = a[s].float_param("algo.mpt.sigma")
-        va = run_value(source, a[s], claim.metric, budget, sigma, bench)
-        vb = run_value(source, b[s], claim.metric, budget, sigma, bench)
+        va = run_value(source, a[s], metric, budget, sigma, bench)
+        vb = run_value(source, b[s], metric, budget, sigma, bench)
         if va.value is None or vb.value is None:
             missing += [v.note for v in (va, vb) if v.note]
             continue
@@ -457,15 +521,31 @@ def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sw
         res.per_seed.append({"seeds": dict(zip(SEED_KEYS, s)), "a_run": a[s].run_id, "b_run": b[s].run_id,
                              "a": va.value, "b": vb.value, "diff": d, "a_step": va.step, "b_step": vb.step})
     res.seeds = len(diffs)
+    if missing:
+        res.notes.append(f"{len(missing)} run(s) without the metric, their seeds left out: " + "; ".join(missing))
     if diffs:
         res.effect = float(np.mean(diffs))
+    paired = [(a[s], b[s]) for s in seeds if a[s].run_id in res.run_ids]
+    res.costs = {arm: run_costs(source, [pair[i] for pair in paired]) for i, arm in enumerate(("a", "b"))}
+    if paired and all(arms_identical(source, ra, rb, bench if claim.metric in PER_PROBLEM else None)
+                      for ra, rb in paired):
+        res.verdict = ARMS_IDENTICAL
+        res.why = (f"on all {len(paired)} seeds the two arms' runs are bit-identical ({ENTROPY} at every step, the "
+                   "claim's metric and every per-problem score): the arms trained the same model, there is no "
+                   "difference to test")
+        res.notes.append(res.why)
+        return res
     intervals = []
-    used_seeds = used_problems = False
+    used_seeds = used_problems = usable = False
+    equivalence = claim.direction == 0
     if len(diffs) >= 2:
         usable, why = seed_interval_usable(diffs)
         if usable:
             _, res.t_low, res.t_high = t_interval(diffs, alpha)
-            res.mde_seeds = mde_seeds(diffs, claim.level)
+            if equivalence:
+                res.eq_margin_seeds = equivalence_margin_seeds(diffs)
+            else:
+                res.mde_seeds = mde_seeds(diffs, claim.level)
             intervals.append((res.t_low, res.t_high))
             used_seeds = True
         if claim.metric in PER_PROBLEM:
@@ -476,19 +556,102 @@ def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sw
                 res.problem_effect, res.problem_low, res.problem_high = paired_bootstrap(x, [0.0] * len(x),
                                                                                          alpha=alpha)
                 res.problems = len(x)
-                res.mde_problems = mde_problems(x, claim.level)
+                if equivalence:
+                    res.eq_margin_problems = equivalence_margin_problems(x)
+                else:
+                    res.mde_problems = mde_problems(x, claim.level)
                 intervals.append((res.problem_low, res.problem_high))
                 used_problems = True
         if not usable:
             res.notes.append(f"no t-interval across seeds: {why}; "
-                             + ("the verdict rests on the problem bootstrap alone" if used_problems
+                             + ("the problem bootstrap alone cannot carry a verdict" if used_problems
                                 else "no interval to judge by"))
+    if equivalence and used_seeds and claim.margin is not None:
+        res.seeds_for_margin = seeds_for_margin(float(np.std(diffs, ddof=1)), claim.margin)
+        res.notes.append(f"equivalence within +-{claim.margin:g}: with 80 % power this design could establish a "
+                         f"margin of {res.eq_margin:.3f} at best (two one-sided tests, true difference 0); "
+                         f"+-{claim.margin:g} would need about {res.seeds_for_margin} seeds at the observed spread")
+    if used_seeds and claim.metric in PER_PROBLEM:
+        res.eval_k, res.eval_noise_share = eval_noise(source, res.per_seed, bench, diffs)
+    if claim.paper_effect is not None and used_seeds:
+        res.seeds_for_paper_effect = seeds_for_effect(float(np.std(diffs, ddof=1)), claim.paper_effect, claim.level)
     res.basis = {(True, True): B_BOTH, (False, True): B_PROBLEMS, (True, False): B_SEEDS}.get(
         (used_seeds, used_problems), B_NONE)
-    res.verdict = verdict(claim.direction, intervals, len(diffs), claim.margin)
-    if missing:
-        res.notes.append(f"{len(missing)} run(s) without the metric, their seeds left out: " + "; ".join(missing))
+    res.verdict, res.why = judge(claim.direction, intervals, len(diffs), claim.margin, t_usable=usable)
     return res
+
+
+def _mean_of(source: RunSource, run: RunInfo, key: str) -> Optional[float]:
+    """Mean over a run's logged steps of ``key``: the results files keep it (``means``), a store its history."""
+    means = getattr(source, "means", None)
+    if callable(means):
+        m = means(run.run_id)
+        return float(m[key]) if key in m else None
+    _, values = source.history(run.run_id, key)
+    return float(np.mean(values)) if values else None
+
+
+def run_costs(source: RunSource, runs: Sequence[RunInfo]) -> dict[str, float]:
+    """Mean over ``runs`` of their wall seconds (``wall_s``), periodic eval seconds (``eval_s``: mean
+    ``time/eval_s`` x the timed periodic evals, those after step 0, each run) and final evaluation seconds
+    (``final_eval_s``, ``eval.final``; only when every run has it); {} without runs."""
+    out: dict[str, float] = {}
+    walls = [r.metrics["time/wall_s"] for r in runs if "time/wall_s" in r.metrics]
+    if not runs or len(walls) != len(runs):
+        return out
+    out["wall_s"] = float(np.mean(walls))
+    evals = []
+    for r in runs:   # the eval steps: where a per-problem CSV was written (the curve is logged at every step)
+        steps = source.per_problem_steps(r.run_id, "heldout")
+        per = _mean_of(source, r, "time/eval_s")
+        if per is not None:
+            evals.append(per * len([s for s in steps if s > 0]))
+    if len(evals) == len(runs):
+        out["eval_s"] = float(np.mean(evals))
+    finals = [r.metrics["time/final_eval_s"] for r in runs if "time/final_eval_s" in r.metrics]
+    if len(finals) == len(runs):
+        out["final_eval_s"] = float(np.mean(finals))
+    return out
+
+
+def eval_noise(source: RunSource, per_seed: Sequence[dict[str, Any]], bench: str, diffs: Sequence[float]
+               ) -> tuple[Optional[int], Optional[float]]:
+    """(k, share): the samples per problem of the evaluation read and the share of the per-seed
+    differences' variance that its sampling alone explains: mean over seeds of
+    :func:`~ulorl.eval.paired.sampling_variance` (arm a's run + arm b's run, the per-problem scores
+    behind each value) over the sample variance of ``diffs``; Nones when a run lacks its k or scores."""
+    key = "eval.final.k" if bench == FINAL else "eval.k"
+    noise, ks = [], set()
+    for p in per_seed:
+        v = 0.0
+        for rid, step in ((p["a_run"], p["a_step"]), (p["b_run"], p["b_step"])):
+            run = source.get(rid)
+            k = int(float(run.param(key, "0"))) if run is not None else 0
+            scores = _scores_at(source, run, step, bench) if run is not None and step is not None else {}
+            var = sampling_variance(list(scores.values()), k)
+            if var is None:
+                return None, None
+            ks.add(k)
+            v += var
+        noise.append(v)
+    spread = float(np.var(diffs, ddof=1))
+    return (ks.pop() if len(ks) == 1 else None), (float(np.mean(noise)) / spread if spread > 0 else None)
+
+
+def arms_identical(source: RunSource, ra: RunInfo, rb: RunInfo, bench: Optional[str]) -> bool:
+    """Whether two runs are bit-identical as far as the claims can see: the same non-empty
+    ``train/entropy`` at every step, the same held-out curve on ``bench`` and, when given, the same
+    per-problem scores at its last eval (the same model trained twice)."""
+    ha, hb = source.history(ra.run_id, ENTROPY), source.history(rb.run_id, ENTROPY)
+    if not ha[1] or ha != hb:
+        return False
+    if bench is None:
+        return True
+    key = schema.eval_metric(bench, "avg_at_k")
+    ca, cb = source.history(ra.run_id, key), source.history(rb.run_id, key)
+    if ca != cb:
+        return False
+    return not ca[0] or _scores_at(source, ra, ca[0][-1], bench) == _scores_at(source, rb, cb[0][-1], bench)
 
 
 def evaluate_claims(source: RunSource, claims: Sequence[Claim] = CLAIMS,
@@ -513,7 +676,41 @@ def evaluate_claims(source: RunSource, claims: Sequence[Claim] = CLAIMS,
             for res in found:
                 res.notes.append(f"{len(skipped)} unfinished run(s) tagged {'/'.join(claim.paper_refs)} left out")
         out += found
-    return out
+    return drop_mirrored_rows(out)
+
+
+def mirror_of(r: ClaimResult, earlier: ClaimResult) -> Optional[int]:
+    """+1 when ``r`` is ``earlier`` again, -1 when it is ``earlier`` negated: the same sweep, the same
+    (a run, b run) pairs and per-seed differences, not all zero, equal to +-1 x earlier's (to 1e-12);
+    else None."""
+    if not r.per_seed or r.sweep != earlier.sweep or len(r.per_seed) != len(earlier.per_seed) \
+            or ARMS_IDENTICAL in (r.verdict, earlier.verdict) or all(p["diff"] == 0 for p in r.per_seed):
+        return None   # all-zero differences match anything: bit-identical arms say so row by row
+    if [(p["a_run"], p["b_run"]) for p in r.per_seed] != [(p["a_run"], p["b_run"]) for p in earlier.per_seed]:
+        return None
+    for sign in (1, -1):
+        if all(abs(p["diff"] - sign * q["diff"]) <= 1e-12 for p, q in zip(r.per_seed, earlier.per_seed)):
+            return sign
+    return None
+
+
+def drop_mirrored_rows(results: Sequence[ClaimResult]) -> list[ClaimResult]:
+    """``results`` without a row that repeats an earlier one, or negates it, on the same runs
+    (``fig5_sigma_gap`` = -``fig5_entropy`` when every run ends below sigma): it adds no evidence and
+    would count one comparison twice; the earlier row's notes say so."""
+    kept: list[ClaimResult] = []
+    for r in results:
+        hit = next(((e, sign) for e in kept if (sign := mirror_of(r, e)) is not None), None)
+        if hit is None:
+            kept.append(r)
+            continue
+        e, sign = hit
+        why = (": every run's final entropy is below its sigma, so |entropy - sigma| = sigma - entropy"
+               if r.metric == METRIC_TEXT[M_SIGMA_GAP] and sign < 0 else "")
+        e.notes.append(f"{r.claim} ({r.metric}, {r.arms}) is this row {'negated' if sign < 0 else 'again'} on "
+                       f"the same runs (per-seed differences {'-' if sign < 0 else ''}1 x these{why}): not a row of "
+                       "its own")
+    return kept
 
 
 # ----------------------------------------------------------------------------- writers
@@ -538,12 +735,35 @@ def interval_text(r: ClaimResult) -> str:
 
 
 def mde_text(r: ClaimResult, digits: int = 4) -> str:
-    """``0.0512 (seeds 0.0512, problems 0.0301)``; ``—`` without an interval."""
-    if r.mde is None:
+    """``0.0512 (seeds 0.0512, problems 0.0301)``; a no-difference claim: ``margin 0.0700 (seeds 0.0700,
+    problems 0.0410); +-0.05 needs ~14 seeds``; ``—`` without an interval."""
+    if r.direction == 0:
+        best, pairs = r.eq_margin, (("seeds", r.eq_margin_seeds), ("problems", r.eq_margin_problems))
+    else:
+        best, pairs = r.mde, (("seeds", r.mde_seeds), ("problems", r.mde_problems))
+    if best is None:
         return "—"
-    parts = [f"{name} {v:.{digits}f}" for name, v in (("seeds", r.mde_seeds), ("problems", r.mde_problems))
-             if v is not None]
-    return f"{r.mde:.{digits}f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else f" ({parts[0].split()[0]})")
+    parts = [f"{name} {v:.{digits}f}" for name, v in pairs if v is not None]
+    text = f"{best:.{digits}f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else f" ({parts[0].split()[0]})")
+    if r.direction == 0:
+        text = "margin " + text + _needs(r)
+    return text
+
+
+def _needs(r: ClaimResult) -> str:
+    if r.margin is None or r.seeds_for_margin is None:
+        return ""
+    return f"; +-{r.margin:g} needs ~{r.seeds_for_margin} seeds"
+
+
+def verdict_text(r: ClaimResult) -> str:
+    """The verdict cell's reason, when the verdict is not one the intervals decided: no t-interval
+    across seeds, a refused verdict; "" otherwise (the notes hold every reason in full)."""
+    if r.verdict == REFUSED:
+        return "no selection / confirmation split"
+    if r.verdict in (INCONCLUSIVE, FEW_SEEDS) and "no t-interval" in r.why:
+        return "no t-interval across seeds; the problem bootstrap alone decides nothing"
+    return ""
 
 
 CLAIMS_COLUMNS = ("Claim", "Paper says", "Arms (a vs b)", "Metric", "Sweep", "Seeds", "Effect (a - b)", "Interval",
@@ -560,10 +780,18 @@ RULES = [
     "not hold' if every one excludes it in the opposite direction; a no-difference claim holds if every interval "
     "lies inside +-margin (ours), does not hold if every one lies wholly outside it; else 'inconclusive'. Fewer "
     "than 2 paired seeds, or 2 without an interval over problems: 'not enough seeds'. Only FINISHED runs count.",
+    f"- 'holds' / 'does not hold' need the t-interval across seeds (>= {MIN_T_SEEDS} seeds with a spread): without "
+    "it the row is 'inconclusive' whatever the problem bootstrap says (it sees one draw of the training seeds). "
+    f"'{ARMS_IDENTICAL}': the two arms' runs are bit-identical on every seed. '{REFUSED}': a configuration a "
+    "search selected, with no held-out problems the search did not see (no eval.final, no eval.select_problems). "
+    "A row that repeats or negates another on the same runs is not shown (the other row's notes say so).",
     f"- MDE (minimum detectable effect): the true difference an interval of the row's level would tell from zero "
     f"with {100 * POWER:.0f} % probability given the observed spread: (t_(1+level)/2,n-1 + t_{POWER:.2f},n-1) x "
     "sd / sqrt(n) over seeds, (z_(1+level)/2 + z_0.80) x sd / sqrt(P) over problems; the larger one is shown "
-    "first (both intervals must agree). An inconclusive row leaves effects of about this size undecided.",
+    "first (both intervals must agree). An inconclusive row leaves effects of about this size undecided. "
+    f"A no-difference claim shows instead the smallest margin its design could establish with {100 * POWER:.0f} % "
+    "probability when the true difference is 0 (two one-sided tests at alpha 0.05: (t_0.95,n-1 + t_0.90,n-1) x "
+    "sd / sqrt(n), z over problems) and the seeds its own margin would need at the observed spread.",
     "- Run ids: first 8 characters (claims.json has them in full, per seed).",
 ]
 
@@ -581,7 +809,8 @@ def claims_markdown(results: Sequence[ClaimResult]) -> str:
         metric = r.metric + (f" ({r.bench})" if r.bench and r.bench != "heldout" else "")
         level = f"{_pct(r.level)} %" + (f", margin +-{r.margin:g}" if r.margin is not None else "")
         cells = [r.claim, r.paper_says, r.arms, metric, r.sweep or "—", str(r.seeds), effect, interval_text(r),
-                 level, r.basis, mde_text(r), f"**{r.verdict}**", " ".join(rid[:8] for rid in r.run_ids) or "—"]
+                 level, r.basis, mde_text(r), f"**{r.verdict}**" + (f" ({verdict_text(r)})" if verdict_text(r) else ""),
+                 " ".join(rid[:8] for rid in r.run_ids) or "—"]
         lines.append("| " + " | ".join(esc(c) for c in cells) + " |")
     lines += [""] + RULES
     for r in results:
@@ -590,7 +819,7 @@ def claims_markdown(results: Sequence[ClaimResult]) -> str:
 
 
 DOCS_COLUMNS = ("claim", "sweep", "seeds", "effect a - b (per seed)", "t-interval across seeds",
-                "paired bootstrap over problems", "MDE", "verdict")
+                "paired bootstrap over problems", "MDE (no-difference claims: smallest margin)", "verdict")
 DOCS_BEGIN, DOCS_END = "<!-- claims-table:begin -->", "<!-- claims-table:end -->"
 
 
@@ -621,9 +850,26 @@ class _Cells:
             claim=f"{r.claim}: {r.arms}" + (f", {r.bench}" if r.bench and r.bench != "heldout" else ""),
             t=f"[{_f(r.t_low, d)}, {_f(r.t_high, d)}]" if r.t_low is not None else "—",
             problems=f"[{_f(r.problem_low, d)}, {_f(r.problem_high, d)}]" if r.problem_low is not None else "—",
-            mde="—" if r.mde is None else f"{r.mde:.{d}f}",
+            mde=_mde_cell(r, d),
             margin=f", margin +-{r.margin:g}" if r.margin is not None else "",
         )
+
+
+def _mde_cell(r: ClaimResult, d: int) -> str:
+    """The MDE of a directional row; a no-difference row's smallest establishable margin and the seeds
+    its own margin would need."""
+    if r.direction == 0:
+        return "—" if r.eq_margin is None else f"margin {r.eq_margin:.{d}f}{_needs(r)}"
+    return "—" if r.mde is None else f"{r.mde:.{d}f}"
+
+
+def _verdict_cell(r: ClaimResult, c: _Cells, level: str = "") -> str:
+    """``**inconclusive** (95 %, seeds + problems)``, with the reason when the intervals did not decide."""
+    inside = ", ".join(x for x in (level, r.basis if r.basis != B_NONE else "") if x) + (
+        c.margin if r.basis != B_NONE else "")
+    why = verdict_text(r)
+    inside = "; ".join(x for x in (inside, why) if x)
+    return f"**{r.verdict}**" + (f" ({inside})" if inside else "")
 
 
 def _table_head(columns: Sequence[str]) -> list[str]:
@@ -645,13 +891,13 @@ def docs_table(results: Sequence[ClaimResult], claims: Sequence[Claim] = CLAIMS)
         level = f"{_pct(r.level)} %"
         t = f"{c.t} ({level})" if r.t_low is not None else c.t
         pb = f"{c.problems} ({level}, {r.problems} problems)" if r.problem_low is not None else c.problems
-        v = f"**{r.verdict}**" + (f" ({r.basis}{c.margin})" if r.basis != B_NONE else "")
-        lines.append(_table_row((c.claim, _sweep_command(r, claims), str(r.seeds), effect, t, pb, c.mde, v)))
+        lines.append(_table_row((c.claim, _sweep_command(r, claims), str(r.seeds), effect, t, pb, c.mde,
+                                 _verdict_cell(r, c))))
     return "\n".join(lines) + "\n"
 
 
 SUMMARY_COLUMNS = ("claim (paper)", "seeds", "effect a - b", "t-interval across seeds",
-                   "bootstrap over problems", "MDE", "verdict", "command")
+                   "bootstrap over problems", "MDE (no-difference: smallest margin)", "verdict", "command")
 SUMMARY_BEGIN, SUMMARY_END = "<!-- claims-summary:begin -->", "<!-- claims-summary:end -->"
 
 
@@ -665,9 +911,90 @@ def summary_table(results: Sequence[ClaimResult], claims: Sequence[Claim] = CLAI
         if r.claim not in paper:
             continue
         c = _Cells.of(r)
-        v = f"**{r.verdict}**" + (f" ({_pct(r.level)} %, {r.basis}{c.margin})" if r.basis != B_NONE else "")
+        v = _verdict_cell(r, c, f"{_pct(r.level)} %" if r.basis != B_NONE else "")
         lines.append(_table_row((c.claim, str(r.seeds), _f(r.effect, c.digits), c.t, c.problems, c.mde, v,
                                  _sweep_command(r, claims))))
+    return "\n".join(lines) + "\n"
+
+
+READING_BEGIN, READING_END = "<!-- claims-reading:begin -->", "<!-- claims-reading:end -->"
+
+
+def _sweep_name(r: ClaimResult) -> str:
+    return r.sweep.split(" ")[0]
+
+
+def _seeds(n: int) -> str:
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
+def reading_markdown(results: Sequence[ClaimResult]) -> str:
+    """What the claims table says, in sentences whose every number comes from ``results`` (the block
+    between :data:`READING_BEGIN` and :data:`READING_END` of ``platform/ulorl/docs/paper_claims.md``):
+    per row with runs its effect, how many seeds point each way, the interval(s), the verdict and
+    why, what the design could have detected (or the smallest margin a no-difference claim could
+    establish), the paper's own difference beside it; then per sweep what its runs cost."""
+    lines = []
+    for r in results:
+        if not r.seeds and r.verdict == NOT_RUN:
+            lines.append(f"- **{r.claim}** ({r.arms}): not run; {_sweep_command(r, CLAIMS)} produces it.")
+            continue
+        c = _Cells.of(r)
+        d = c.digits
+        head = f"- **{r.claim}** ({r.arms}; `{_sweep_name(r)}`, {_seeds(r.seeds)}" + (
+            f", {r.bench}" if r.bench and r.bench != "heldout" else "") + ")"
+        if r.verdict == REFUSED:
+            lines.append(f"{head}: **{r.verdict}**: {r.why}.")
+            continue
+        if r.verdict == ARMS_IDENTICAL:
+            lines.append(f"{head}: **{r.verdict}**: the two arms' runs are bit-identical on all {r.seeds} seeds, "
+                         "so there is no difference to test.")
+            continue
+        diffs = [p["diff"] for p in r.per_seed]
+        up, down = sum(x > 0 for x in diffs), sum(x < 0 for x in diffs)
+        ivs = [f"seeds t{_pct(r.level)} {c.t}"] * (r.t_low is not None) + [
+            f"problems boot{_pct(r.level)} {c.problems} over {r.problems} problems"] * (r.problem_low is not None)
+        text = (f"{head}: a - b = {_f(r.effect, d)}, above zero in {up} and below in {down} of {_seeds(len(diffs))}"
+                + (f"; {'; '.join(ivs)}" if ivs else "") + f": **{r.verdict}**")
+        text += f" ({r.why})." if r.why and r.verdict in (INCONCLUSIVE, FEW_SEEDS) and "no t-interval" in r.why \
+            else "."
+        if r.direction == 0 and r.eq_margin is not None and r.margin is not None:
+            side = "above" if r.eq_margin > r.margin else "inside"
+            text += (f" The smallest margin this design could establish with {100 * POWER:.0f} % power is "
+                     f"{r.eq_margin:.{d}f}, {side} its +-{r.margin:g}")
+            text += (f"; +-{r.margin:g} would need about {r.seeds_for_margin} seeds at this spread."
+                     if r.seeds_for_margin else ".")
+        elif r.mde is not None and r.verdict == INCONCLUSIVE:
+            text += f" A true difference below about {r.mde:.{d}f} could hide here ({100 * POWER:.0f} % power)."
+        if r.eval_noise_share is not None:
+            text += (f" Evaluation sampling alone (k = {r.eval_k}, {r.problems} problems) explains about "
+                     f"{100 * r.eval_noise_share:.0f} % of the per-seed differences' variance.")
+        if r.paper_effect is not None and r.mde is not None:
+            rel = "below" if abs(r.paper_effect) < r.mde else "above"
+            text += f" The paper's own difference, {r.paper_effect:+.3f}, is {rel} this MDE"
+            text += (f"; detecting it at this spread would take about {r.seeds_for_paper_effect} seeds."
+                     if r.seeds_for_paper_effect else ".")
+        lines.append(text)
+    done: set[str] = set()
+    cost_lines = []
+    for r in results:
+        name = _sweep_name(r)
+        if not all(r.costs.get(arm) for arm in ("a", "b")) or name in done:
+            continue
+        done.add(name)
+        parts = []
+        for label, k in zip(r.arms.split(" vs "), (r.costs["a"], r.costs["b"])):
+            text = f"{label}: {k['wall_s'] / 60:.1f} min per run"
+            if "eval_s" in k:
+                text += f", {100 * k['eval_s'] / k['wall_s']:.1f} % of it in periodic evals"
+            if "final_eval_s" in k:
+                text += (f", the final evaluation {k['final_eval_s']:.0f} s of it "
+                         f"({100 * k['final_eval_s'] / k['wall_s']:.1f} %)")
+            parts.append(text)
+        cost_lines.append(f"- `{name}` ({_seeds(r.seeds)}): " + "; ".join(parts) + ".")
+    if cost_lines:
+        lines += ["", "Wall time of the runs (`time/wall_s`, `time/eval_s`, `time/final_eval_s` in the results files; "
+                  "the machines were shared, see below):", ""] + cost_lines
     return "\n".join(lines) + "\n"
 
 
@@ -680,9 +1007,11 @@ def replace_docs_table(text: str, table: str, begin: str = DOCS_BEGIN, end: str 
 
 
 def update_docs(text: str, results: Sequence[ClaimResult]) -> str:
-    """``text`` with every claims block it holds rewritten: the full table (:func:`docs_table`) and the
-    README's summary (:func:`summary_table`); a ValueError when it holds neither."""
-    blocks = ((DOCS_BEGIN, DOCS_END, docs_table), (SUMMARY_BEGIN, SUMMARY_END, summary_table))
+    """``text`` with every claims block it holds rewritten: the full table (:func:`docs_table`), the
+    README's summary (:func:`summary_table`) and the reading of the table (:func:`reading_markdown`);
+    a ValueError when it holds none."""
+    blocks = ((DOCS_BEGIN, DOCS_END, docs_table), (SUMMARY_BEGIN, SUMMARY_END, summary_table),
+              (READING_BEGIN, READING_END, reading_markdown))
     present = [(b, e, make) for b, e, make in blocks if b in text]
     if not present:
         raise ValueError(f"no {DOCS_BEGIN} or {SUMMARY_BEGIN} block to replace")
@@ -709,7 +1038,9 @@ def write_claims(source: RunSource, out_dir: str | Path) -> dict[str, Any]:
     return {"files": [str(md), str(js)], "rows": rows, "results": results}
 
 
-__all__ = ["CLAIMS", "Arm", "Claim", "ClaimResult", "claims_json", "claims_markdown", "docs_table", "evaluate_claims",
+__all__ = ["ARMS_IDENTICAL", "CLAIMS", "REFUSED", "Arm", "Claim", "ClaimResult", "arms_identical", "claims_json",
+           "claims_markdown", "docs_table", "drop_mirrored_rows", "evaluate_claims", "judge", "mirror_of",
+           "reading_markdown", "run_costs",
            "pooled_problem_interval", "replace_docs_table", "summary_table", "t_cdf_two_sided", "t_interval",
            "t_quantile", "update_docs", "verdict", "write_claims", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "NOT_HOLD",
            "NOT_RUN"]

@@ -9,7 +9,8 @@ A record holds:
 - ``run_id``, ``experiment_id``, ``name``, ``status``, ``start_time``, ``tags`` and ``params``
   (all of them: the arm, the seeds, role, variant, paper_ref, git commit, every config key);
 - ``metrics``: the last value of every exported metric;
-- ``curves``: per-step histories of :data:`CURVES` and of every ``eval/<bench>/avg_at_k``
+- ``curves``: per-step histories of :data:`CURVES` and of every ``eval/<bench>/avg_at_k``, the final
+  evaluation's ``eval/<bench>_final/avg_at_k`` (``eval.final``, one point) included
   (``{"start": s, "values": [...]}`` for consecutive steps s, s+1, ..., else ``{"steps", "values"}``);
 - ``means``: the mean over logged steps of :data:`MEANS` (mask fractions, step and eval seconds);
 - ``mismatch``: the train / inference mismatch folded over the run's updates (``ulorl.report.mismatch``:
@@ -49,7 +50,7 @@ FORMAT = 1
 CURVES: tuple[str, ...] = ("train/entropy", "rollout/reward_mean", "train/samples")
 MEANS: tuple[str, ...] = ("train/mpt_frac", "train/masked_frac", "train/mask_active_frac", "time/step_s",
                           "time/eval_s")
-LAST: tuple[str, ...] = ("time/wall_s", "train/policy_version")
+LAST: tuple[str, ...] = ("time/wall_s", "train/policy_version", "time/final_eval_s")   # eval.final's seconds
 SELECT_SUFFIX, CONFIRM_SUFFIX = "_select", "_confirm"
 
 

@@ -9,9 +9,10 @@ accuracies a[P], b[P] (correct / k), the difference is mean(a - b) and its inter
 bootstrap of mean((a - b)[idx]) over problems resampled with replacement. Pairing removes the
 between-problem variance that two separate intervals would count twice; it does not see the
 training-seed variance, which is why the baseline and the best trial are also re-run on more seeds.
-The verdict (:func:`verdict`) judges the best configuration on its re-run seeds only and, with
-``eval.select_problems``, on the confirmation problems the search (which optimises the selection
-part, ``eval/heldout_select/avg_at_k``) never saw: the same rule as the claims (``ulorl.eval.paired``).
+The verdict (:func:`verdict`) judges the best configuration on its re-run seeds only, on problems
+the search never saw: the final evaluation's (``eval.final``) or, with ``eval.select_problems``, the
+confirmation part (the search optimises the selection part, ``eval/heldout_select/avg_at_k``); with
+neither it refuses. The same rule as the claims (``ulorl.eval.paired``).
 """
 
 from __future__ import annotations
@@ -31,18 +32,20 @@ from rich.console import Console
 from rich.table import Table
 
 from ulorl.config import apply_overrides, config_from_dict, flatten_config
+from ulorl.eval.final import final_bench
 from ulorl.eval.metrics import bootstrap_ci
 from ulorl.eval.paired import (
     FEW_SEEDS,
     HOLDS,
     NOT_HOLD,
+    REFUSED,
+    judge,
     paired_bootstrap,
     parse_per_problem_csv,
     pooled_problem_differences,
     seed_interval_usable,
     t_interval,
 )
-from ulorl.eval.paired import verdict as claim_verdict
 from ulorl.report import speed
 from ulorl.sweep.spec import seed_overrides
 from ulorl.tracking import schema
@@ -84,6 +87,7 @@ class Trial:
     scores: dict[str, float] = field(default_factory=dict)    # problem_id -> accuracy, last eval
     variant: str = ""
     confirm: dict[str, float] = field(default_factory=dict)   # the confirmation part's scores, last eval
+    final: dict[str, float] = field(default_factory=dict)     # the final evaluation's scores (eval.final)
     pruned_reason: str = ""            # status PRUNED: the rule that stopped it
     pruned_step: Optional[int] = None  # status PRUNED: the last step it ran
 
@@ -154,7 +158,7 @@ class Verdict:
     selected: Optional[dict[str, Any]] = None   # seed 0 (the selected search trial): shown, not counted
     t_interval: Optional[tuple[float, float]] = None        # across re-run seeds, when usable
     problem_interval: Optional[tuple[float, float]] = None  # paired bootstrap over the pooled problems
-    part: str = "confirmation"     # the held-out part scored: "confirmation", or "all" without a split
+    part: str = "confirmation"     # the held-out part scored: "final" (eval.final), "confirmation", or "all"
 
 
 def confirm_bench(metric: str) -> Optional[str]:
@@ -167,8 +171,12 @@ def confirm_bench(metric: str) -> Optional[str]:
     return None
 
 
-def _paired(t: Trial, base: Trial, confirm: bool) -> Optional[dict[str, Any]]:
-    a, b = (t.confirm, base.confirm) if confirm else (t.scores, base.scores)
+def _part_scores(t: Trial, part: str) -> dict[str, float]:
+    return {"final": t.final, "confirmation": t.confirm}.get(part, t.scores)
+
+
+def _paired(t: Trial, base: Trial, part: str) -> Optional[dict[str, Any]]:
+    a, b = _part_scores(t, part), _part_scores(base, part)
     if not a or not b:
         return None
     xa, xb = common_scores(a, b)
@@ -183,31 +191,34 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
     """Does the best search trial's configuration beat the baseline beyond problem and seed noise?
 
     Judged like the claims (``ulorl.eval.paired``): on the re-run seeds only (seed 0 picked the best
-    trial) and on the confirmation problems (``Trial.confirm``, the part of the held-out problems
-    the search did not select on; all of them when the sweep has no ``eval.select_problems`` split,
-    and the line says so). "BEATS" when every usable interval lies above zero: the t-interval of
-    the per-seed differences (>= 3 re-run seeds with a spread) and the paired bootstrap over the
-    problems pooled across the re-run seeds (95 %); "WORSE" when every one lies below; fewer than 2
-    re-run seeds, or 2 without problems: not judged.
+    trial) and on problems the search did not see: the final evaluation's (``Trial.final``,
+    ``eval.final``) when every judged run has it, else the confirmation part (``Trial.confirm``,
+    ``eval.select_problems``); without either the verdict is REFUSED (the best trial was picked on
+    the problems it would be judged on). "BEATS" when every usable interval lies above zero: the
+    t-interval of the per-seed differences (>= 3 re-run seeds with a spread, required) and the paired
+    bootstrap over the problems pooled across the re-run seeds (95 %); "WORSE" when every one lies
+    below; without the t-interval, fewer than 2 re-run seeds, or 2 without problems: not judged.
     """
     rows = ranking_rows(trials, mode)
     search = [r for r in rows if r["role"] == ROLE_SEARCH and r["objective"] is not None and r["status"] != PRUNED]
-    bases = {t.seed_offset: t for t in trials if t.role == ROLE_BASELINE and (t.scores or t.confirm)}
+    bases = {t.seed_offset: t for t in trials if t.role == ROLE_BASELINE and (t.scores or t.confirm or t.final)}
     if not search or not bases:
         return Verdict("verdict: no baseline with held-out results to compare against", None, [], None)
     best = next(t for t in trials if t.run_id == search[0]["run_id"])
     reruns = sorted((t for t in trials if t.role == ROLE_RERUN), key=lambda t: t.seed_offset)
-    confirm = any(t.confirm for t in [best, *reruns, *bases.values()])
+    judged = [t for t in reruns if t.seed_offset in bases] + [bases[t.seed_offset] for t in reruns
+                                                               if t.seed_offset in bases]
+    part = ("final" if judged and all(t.final for t in judged)
+            else "confirmation" if any(t.confirm for t in [best, *reruns, *bases.values()]) else "all")
     spread = None
     if len(bases) >= 2:
-        means = [float(np.mean(list((b.confirm if confirm else b.scores).values()) or [np.nan]))
-                 for _, b in sorted(bases.items())]
+        means = [float(np.mean(list(_part_scores(b, part).values()) or [np.nan])) for _, b in sorted(bases.items())]
         spread = max(means) - min(means)
-    per_seed = [p for p in (_paired(t, bases[t.seed_offset], confirm) for t in reruns if t.seed_offset in bases) if p]
-    selected = _paired(best, bases[best.seed_offset], confirm) if best.seed_offset in bases else None
-    part = "confirmation" if confirm else "all"
-    where = (f"{part} problems" if confirm else "all held-out problems, the ones the search selected on "
-             "(no eval.select_problems split)")
+    per_seed = [p for p in (_paired(t, bases[t.seed_offset], part) for t in reruns if t.seed_offset in bases) if p]
+    selected = _paired(best, bases[best.seed_offset], part) if best.seed_offset in bases else None
+    where = {"final": "the final evaluation's problems (eval.final: no periodic eval, so no search, saw them)",
+             "confirmation": "confirmation problems",
+             "all": "all held-out problems, the ones the search selected on (no eval.select_problems split)"}[part]
     diffs = [p["diff"] for p in per_seed]
     intervals: list[tuple[float, float]] = []
     t_iv = p_iv = None
@@ -224,15 +235,22 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
         _, lo, hi = paired_bootstrap(x, [0.0] * len(x))
         p_iv = (lo, hi)
         intervals.append(p_iv)
-    word = claim_verdict(1 if mode == "max" else -1, intervals, len(diffs))
+    word, reason = judge(1 if mode == "max" else -1, intervals, len(diffs), t_usable=usable)
     n = len(diffs)
-    if word == HOLDS:
+    if part == "all":    # picked and judged on the same problems: no verdict (the claims refuse it too)
+        word = REFUSED
+    if word == REFUSED:
+        text, beats = ("is not judged (REFUSED): it was picked on the same held-out problems it would be judged "
+                       "on; set eval.final (or eval.select_problems) and re-run the sweep"), None
+    elif word == HOLDS:
         text, beats = f"BEATS the baseline on {n} re-run seeds", True
     elif word == NOT_HOLD:
         text, beats = f"is WORSE than the baseline on {n} re-run seeds", False
     elif word == FEW_SEEDS:
         text, beats = f"cannot be judged: {n} re-run seed(s) paired with a baseline (needs >= 2, >= 3 for a " \
                       "t-interval)", None
+    elif not usable and n >= 2:
+        text, beats = f"cannot be judged without a t-interval across seeds ({reason.split(' (')[0]})", None
     else:
         text, beats = "does NOT beat the baseline beyond the spread", False
     parts = [f"effect {float(np.mean(diffs)):+.4f}" if diffs else "no paired re-run"]
@@ -257,8 +275,10 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
 NOT_COVERED = ("not covered: {seeds} re-run seed(s) of the best configuration; {selection}; {problems} problems "
                "of the embedded task at k={k} say nothing about other tasks or model sizes.")
 SELECTION_SPLIT = "it was picked on the selection problems and is judged on the other {confirm}"
-SELECTION_NO_SPLIT = ("it was picked on the same held-out problems it is judged on (selection bias: set "
-                      "eval.select_problems to judge on problems the search did not see)")
+SELECTION_FINAL = ("it was picked on the periodic evals' problems and is judged on {final} others, scored once after "
+                   "the last step (eval.final)")
+SELECTION_NO_SPLIT = ("it was picked on the same held-out problems it would be judged on (selection bias: set "
+                      "eval.final or eval.select_problems to judge on problems the search did not see)")
 
 
 # ----------------------------------------------------------------------------- the command
@@ -332,6 +352,7 @@ def trials_from_mlflow(client: Any, parent_run_id: str, metric: str, searched: S
             searched={k: params.get(k) for k in searched if k in params},
             scores=last_per_problem(client, r.info.run_id, bench), variant=tags.get(schema.VARIANT_TAG, ""),
             confirm=last_per_problem(client, r.info.run_id, cbench) if cbench else {},
+            final=last_per_problem(client, r.info.run_id, final_bench(bench.removesuffix("_select"))),
             pruned_reason=tags.get(schema.PRUNED_REASON_TAG, "") if pruned else "",
             pruned_step=_int_param(tags.get(schema.PRUNED_STEP_TAG)) if pruned else None,
         ))
@@ -441,6 +462,10 @@ def summarize(client: Any, parent_run_id: str, spec: Any, base: dict[str, Any], 
     seeds = len(v.per_seed)
     confirm = max((len(t.confirm) for t in trials), default=0)
     selection = SELECTION_SPLIT.format(confirm=confirm) if confirm else SELECTION_NO_SPLIT
+    if v.part == "final":
+        problems = max((len(t.final) for t in trials), default=0)
+        k = spec.overrides.get("eval.final.k") or base.get("eval", {}).get("final", {}).get("k") or "?"
+        selection = SELECTION_FINAL.format(final=problems)
     return {"ranking": rows, "best": best, "verdict": v.line, "beats_baseline": v.beats, "per_seed": v.per_seed,
             "seed_spread": v.seed_spread, "command": command,
             "speedup": [speedup_record(sp) for sp in trial_speedups(client, trials)],

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import torch
 
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
+from ulorl.eval.final import final_bench, final_items
 from ulorl.eval.runner import evaluate, per_problem_artifact, split_result
 from ulorl.reward import RewardScorer
 from ulorl.reward.judge import judge_from_config
@@ -229,8 +230,12 @@ class Trainer:
 
         # data first: a missing file must fail before any model work
         self.train_items = load_items(cfg.data.train, cfg.data, "train")
-        self.heldout_items = load_items(cfg.data.heldout, cfg.data, "heldout") if cfg.eval.every else []
+        self.heldout_items = load_items(cfg.data.heldout, cfg.data, "heldout") \
+            if cfg.eval.every or cfg.eval.final.k else []
         n_eval = min(len(self.heldout_items), cfg.eval.num_problems or len(self.heldout_items))
+        # eval.final: problems no periodic eval scores (ulorl.eval.final); a shortfall fails before model work
+        self.final_items = final_items(self.heldout_items, n_eval if cfg.eval.every else 0,
+                                       cfg.eval.final.num_problems) if cfg.eval.final.k else []
         if cfg.eval.every and cfg.eval.select_problems and cfg.eval.select_problems >= n_eval:
             raise ValueError(f"eval.select_problems ({cfg.eval.select_problems}) must be below the {n_eval} held-out "
                              f"problems evaluated ({cfg.data.heldout}): the rest are the confirmation problems")
@@ -459,24 +464,27 @@ class Trainer:
                                           schema.COHORT_LEN_METRIC: c.response_len_mean},
                                          self._cohort_train_step.pop(c.step, c.step + offset))
 
-    def _eval(self) -> dict[str, float]:
+    def _eval(self, final: bool = False) -> dict[str, float]:
+        """The periodic held-out eval; ``final``: the eval.final one (its problems, its k, eval/<bench>_final/*)."""
         e = self.cfg.eval
         embedded = self.cfg.data.heldout.split(":")[0] == "embedded"  # any embedded profile
         bench = "heldout" if embedded else Path(self.cfg.data.heldout).stem
         items = self.heldout_items[: e.num_problems] if e.num_problems else self.heldout_items
+        if final:
+            bench, items = final_bench(bench), self.final_items
         sampling = SamplingParams(temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, seed=e.seed)
         result = evaluate(
             self.engine,
             self.tokenizer,
             items,
-            k=e.k,
+            k=e.final.k if final else e.k,
             sampling=sampling,
             max_new_tokens=e.max_new_tokens or self.cfg.rollout.max_response_len,
             scorer=self.scorer,
             bench_name=bench,
             progress=False,
         )
-        parts = [result] + (list(split_result(result, e.select_problems)) if e.select_problems else [])
+        parts = [result] + (list(split_result(result, e.select_problems)) if e.select_problems and not final else [])
         metrics: dict[str, float] = {}
         for part in parts:   # the whole set, then its selection / confirmation parts (eval.select_problems)
             if self.tracker is not None:
@@ -540,6 +548,10 @@ class Trainer:
             self.last_eval = self._eval()
             metrics["time/eval_s"] = time.perf_counter() - t_e
         metrics.update(self.last_eval)
+        if cfg.eval.final.k and self.step == cfg.train.max_steps:   # once, after the last step (ulorl.eval.final)
+            t_f = time.perf_counter()
+            metrics.update(self._eval(final=True))
+            metrics["time/final_eval_s"] = time.perf_counter() - t_f
         metrics["time/step_s"] = time.perf_counter() - t_step
         self.wall_s = time.perf_counter() - self._t_start
         metrics["time/wall_s"] = self.wall_s

@@ -3,6 +3,8 @@
 Each node is its own ``ray start`` process (own raylet, own node id) in its own session, so the
 test ends exactly the processes it started (``os.killpg`` on each session), never other Ray
 instances on the machine. Token authentication (``RAY_AUTH_MODE=token``) is on unless disabled.
+A node given ``private_dir`` runs in its own mount namespace with an empty tmpfs there (util-linux
+``unshare``, root): a path the other nodes see and it does not.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def _free_port() -> int:
 
 
 class LocalRayCluster:
-    def __init__(self, nodes: list[dict[str, float]], token_auth: bool = True,
+    def __init__(self, nodes: list[dict[str, Any]], token_auth: bool = True,
                  object_store_mb: int = 100) -> None:
         self.nodes = nodes
         self.token = secrets.token_hex(32) if token_auth else None
@@ -60,6 +62,11 @@ class LocalRayCluster:
                        f"--temp-dir={self.temp}", *common]
             else:
                 cmd = [self._ray(), "start", f"--address={self.address}", *common]
+            if n.get("private_dir"):
+                # this node (its raylet and every worker it starts) sees an empty tmpfs at private_dir: a
+                # directory the other nodes share but this one does not (a private mount namespace)
+                d = str(n["private_dir"])
+                cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs tmpfs "{d}" && exec "$@"', "sh", *cmd]
             log = open(self.temp / f"node{i}.log", "ab")
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                start_new_session=True))

@@ -162,3 +162,41 @@ def test_ray_stage_passes_on_cpu(tmp_path):
     assert rc == 0 and _status(report) == {"ray": ("pass", "")}, log[-3000:]
     (stage,) = report["stages"]
     assert stage["cuda"] is False and stage["gpu_ids"] == []
+
+
+def _rows(*rows):
+    from ulorl.rollout.types import GenerationResult
+
+    return [GenerationResult(i, list(toks), list(lps), "length") for i, (toks, lps) in enumerate(rows)]
+
+
+def test_greedy_agreement_holds_engines_to_a_stated_tolerance():
+    """The vLLM stages' check (pure): identical rows within the log-prob tolerance pass; a row that leaves
+    HF's greedy path passes only at a near tie (HF's own margin there), and a log-prob gap beyond the
+    tolerance fails even when every token agrees."""
+    from ulorl.bench.gpu_check import VLLM_TOLERANCE, greedy_agreement
+
+    f32, bf16 = VLLM_TOLERANCE["float32"], VLLM_TOLERANCE["bfloat16"]
+    ref = _rows(([5, 6, 7], [-0.1, -0.2, -0.3]), ([8, 9, 10], [-0.5, -0.6, -0.7]))
+    same = _rows(([5, 6, 7], [-0.1004, -0.2, -0.3]), ([8, 9, 10], [-0.5, -0.6, -0.7]))
+    r = greedy_agreement(ref, same, {}, f32)
+    assert r["ok"] and r["identical"] == 2 and r["logprob_max_abs_diff"] == pytest.approx(4e-4)
+    off = _rows(([5, 6, 7], [-0.1, -0.2, -0.3]), ([8, 9, 10], [-0.5, -0.6, -0.75]))
+    r = greedy_agreement(ref, off, {}, f32)
+    assert not r["ok"] and "log-prob difference 0.05" in r["why"]
+    assert greedy_agreement(ref, off, {}, bf16)["ok"]                       # within bf16's 0.1
+    forked = _rows(([5, 6, 7], [-0.1, -0.2, -0.3]), ([8, 4, 4], [-0.5, -0.61, -0.9]))
+    assert greedy_agreement(ref, forked, {1: 0.0004}, f32)["ok"]            # a near tie at token 1 of row 1
+    r = greedy_agreement(ref, forked, {1: 0.8}, f32)                        # a clear choice: a real disagreement
+    assert not r["ok"] and "row 1 at token 1" in r["why"]
+    assert not greedy_agreement(ref, forked, {}, f32)["ok"]                 # no margin measured: not accepted
+
+
+def test_vllm_stages_compare_in_bf16_on_a_gpu_and_float32_on_a_cpu(tmp_path):
+    from ulorl.bench.gpu_check import StageContext
+
+    assert StageContext(tmp_path, "cpu", 1, "chunked").vllm_dtype == "float32"
+    assert StageContext(tmp_path, "cuda", 1, "chunked").vllm_dtype == "bfloat16"
+    assert StageContext(tmp_path, "cpu", 1, "chunked", vllm_dtype="bfloat16").vllm_dtype == "bfloat16"
+    with pytest.raises(ValueError, match="--vllm-dtype"):
+        StageContext(tmp_path, "cpu", 1, "chunked", vllm_dtype="float16")

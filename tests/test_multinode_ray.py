@@ -144,3 +144,56 @@ def test_two_node_sweep_places_trainer_and_engine_on_different_nodes(tmp_path):
     resumed = [r for r in children if "ulorl.resumed_at_step" in r.data.tags]
     assert len(resumed) == 1 and resumed[0].data.tags["ulorl.resumed_at_step"] == "1"
     print(f"\ntwo-node sweep: {time.perf_counter() - t0:.0f} s, peak RSS (cluster + driver) {peak:.0f} MB")
+
+
+TRAIN_OVERRIDES = ["rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_response_len=32",
+                   "rollout.segments=2", "algo.dynamic_sampling=false", "eval.every=0", "train.max_steps=1",
+                   "train.checkpoint_every=1", "resources.trainer_workers=1", "resources.rollout_engines=1",
+                   "resources.gpus_per_trainer_worker=1", "resources.gpus_per_engine=1",
+                   "resources.cpus_per_trainer_worker=1", "resources.cpus_per_engine=1", "resources.nodes=2"]
+
+
+@pytest.mark.slow
+def test_ulorl_train_on_another_node_serves_its_store_and_refuses_a_run_dir_a_node_cannot_see(tmp_path):
+    """``ulorl-train --ray --address`` on a 2-node cluster whose second node holds both GPU bundles (trainer
+    rank 0 and the engine), the driver on the head: (1) a run directory under a path the second node has
+    its own private tmpfs over is refused before step 1, naming that node and the path; (2) with a shared
+    run directory, rank 0 logs through an MLflow server the driver starts on its store (the driver's
+    SQLite file holds the step and the placement params, ``placement.tracking=server``). ~2-4 minutes."""
+    t0 = time.perf_counter()
+    private, shared = tmp_path / "private", tmp_path / "shared"
+    private.mkdir()
+    shared.mkdir()
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    cluster = LocalRayCluster([{"CPU": 2, "GPU": 0}, {"CPU": 2, "GPU": 2, "private_dir": str(private)}],
+                              token_auth=False).start()
+    try:
+        out = subprocess.run([sys.executable, "-c", "import ray, json; ray.init(address='%s', log_to_driver=False); "
+                              "print(json.dumps({n['NodeID']: n['Resources'].get('GPU', 0) for n in ray.nodes() "
+                              "if n['Alive']}))" % cluster.address],
+                             capture_output=True, text=True, timeout=120, env={**os.environ, **cluster.env()})
+        gpus = json.loads(out.stdout.strip().splitlines()[-1])
+        gpu_node = next(k for k, v in gpus.items() if v == 2)
+        env = {**os.environ, **cluster.env(), "OMP_NUM_THREADS": "1"}
+        base = [sys.executable, "-m", "ulorl.cli.train", QUICK, "--ray", "--address", cluster.address,
+                "--tracking-uri", store, "--no-progress"]
+        refused = subprocess.run([*base, "--run-dir", str(private / "run"), *TRAIN_OVERRIDES], capture_output=True,
+                                 text=True, timeout=600, env=env, cwd=tmp_path)
+        ran = subprocess.run([*base, "--run-dir", str(shared / "run"), *TRAIN_OVERRIDES], capture_output=True,
+                             text=True, timeout=900, env=env, cwd=tmp_path)
+    finally:
+        cluster.stop()
+    assert refused.returncode == 2, refused.stdout[-2000:] + refused.stderr[-4000:]
+    msg = refused.stderr
+    assert "does not see the run directory" in msg and str(private / "run") in msg and gpu_node[:12] in msg
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-4000:]
+    client = MlflowClient(store)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1                                   # the refused run never started one
+    p = runs[0].data.params
+    assert p["placement.trainer.0.node_id"] == gpu_node     # rank 0 is not on the driver's node
+    assert p["placement.tracking"] == "server" and p["placement.tracking_server"].startswith("http://127.0.0.1:")
+    assert p["placement.tracking_auth"] == "none"           # loopback: one machine
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "time/step_s")] == [1]
+    assert (shared / "run" / "checkpoints").is_dir() and not (shared / "run" / ".node-check").exists()
+    print(f"\nulorl-train on 2 nodes: {time.perf_counter() - t0:.0f} s")

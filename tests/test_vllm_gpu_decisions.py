@@ -23,7 +23,7 @@ from ulorl.rollout.engines.vllm import (
     logprob_settings,
     model_runner_v2,
     native_transfer_problem,
-    nccl_init_infos,
+    nccl_group_init_info,
     shared_gpu_problem,
 )
 from ulorl.rollout.engines.vllm_ext import (
@@ -166,12 +166,14 @@ def test_native_transfer_layouts():
     assert engine_environment("nccl") == {} == engine_environment("stream")
 
 
-def test_each_engine_gets_its_own_nccl_rendezvous():
-    ports = iter([29600, 29600, 29601, 29602])                  # a port handed back twice is skipped
-    infos = nccl_init_infos([1, 2, 1], bucket_bytes=1 << 20, master_address="10.0.0.1", port=lambda: next(ports))
-    assert [i["master_port"] for i in infos] == [29600, 29601, 29602]
-    assert [i["world_size"] for i in infos] == [2, 3, 2]        # the trainer + the engine's TP workers
-    assert all(i["rank"] == 0 and i["master_address"] == "10.0.0.1" for i in infos)
+def test_every_engine_joins_one_nccl_group_at_its_own_ranks():
+    info, offsets = nccl_group_init_info([1, 2, 1], bucket_bytes=1 << 20, master_address="10.0.0.1", master_port=29600)
+    assert info["world_size"] == 1 + 1 + 2 + 1                  # the trainer + every engine's TP workers
+    assert offsets == [1, 2, 4]                                  # engine j's workers: offset .. offset + tp - 1
+    assert info["rank"] == 0 and info["master_port"] == 29600 and info["master_address"] == "10.0.0.1"
+    assert info["packed"] is True and info["packed_buffer_size_bytes"] == 1 << 20
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        nccl_group_init_info([1, 0], bucket_bytes=1, master_address="x", master_port=1)
 
 
 # ---------------------------------------------------------------- finding 5: configuration
@@ -230,3 +232,92 @@ def test_pins_say_what_the_code_needs():
     import transformers.conversion_mapping  # noqa: F401  - what the floor is for
     import transformers.core_model_loading  # noqa: F401
     import transformers.initialization  # noqa: F401
+
+
+# ---------------------------------------------------------------- issue 40: GPU memory at start, /dev/shm buckets
+
+class _CudaParam:
+    """Stands for a parameter on the trainer's GPU (only ``device`` / ``dtype`` are read before the engine)."""
+
+    device = torch.device("cuda", 0)
+    dtype = torch.bfloat16
+
+
+class _TrainerOnGpu:
+    """The trainer's module on cuda:0 as ``VLLMEngine.from_config`` sees it: a config, end ids, parameters."""
+
+    def __init__(self, path: str) -> None:
+        self.config = SimpleNamespace(_name_or_path=path, eos_token_id=2, max_position_embeddings=4096)
+        self.generation_config = SimpleNamespace(eos_token_id=2)
+
+    def parameters(self):
+        return iter([_CudaParam()])
+
+
+def test_colocated_engine_is_refused_before_vllm_starts_when_the_trainer_leaves_too_little_gpu_memory(
+        tmp_path, monkeypatch):
+    """One GPU, colocated: the trainer's state is resident, vLLM asks for 0.85 x total and would refuse
+    with its own message; the check runs before the engine (here: before vLLM is even imported)."""
+    from ulorl.config import config_from_dict
+    from ulorl.rollout.engines.vllm import VLLMEngine
+
+    (tmp_path / "config.json").write_text("{}")
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (40 * gib, 141 * gib))
+    rollout = config_from_dict({"rollout": {"engine": "vllm", "colocate": True}}).rollout
+    with pytest.raises(ValueError) as exc:
+        VLLMEngine.from_config(rollout, _TrainerOnGpu(str(tmp_path)))
+    msg = str(exc.value)
+    assert "rollout.vllm_gpu_memory_utilization=0.85" in msg and "beside the trainer's state" in msg
+    assert msg.endswith("set rollout.vllm_gpu_memory_utilization=0.27")     # floor(100 x 40 / 141) / 100 - 0.01
+    assert "\n" not in msg
+
+
+def test_gpu_memory_check_names_a_utilization_only_when_one_fits():
+    from ulorl.rollout.engines.vllm import gpu_memory_problem
+
+    gib = 1 << 30
+    assert gpu_memory_problem(130 * gib, 141 * gib, 0.85, "cuda:0", colocate=False) is None
+    assert gpu_memory_problem(119 * gib, 141 * gib, 0.85, "cuda:0", colocate=False) is not None  # 119.85 GiB asked
+    assert gpu_memory_problem(120 * gib, 141 * gib, 0.85, "cuda:0", colocate=False) is None
+    tiny = gpu_memory_problem(5 * gib, 141 * gib, 0.85, "cuda:0", colocate=True)
+    assert tiny is not None and "rollout.colocate=false with --ray" in tiny   # 0.03 would leave vLLM nothing
+
+
+def test_dev_shm_transport_choice_names_the_setting_to_change():
+    from ulorl.rollout.weight_sync import choose_weight_sync_transport, shm_bytes_needed
+
+    mib = 1 << 20
+    need = shm_bytes_needed(256 * mib, 1187 * mib)                 # Qwen3-4B's bf16 embedding travels alone
+    assert need == 2 * 1187 * mib + mib
+    pick = dict(bucket_bytes=256 * mib, largest_tensor_bytes=0)
+    assert choose_weight_sync_transport("auto", free_bytes=64 * mib, **pick) == "inline"   # a container default
+    assert choose_weight_sync_transport("auto", free_bytes=24 << 30, **pick) == "shm"
+    assert choose_weight_sync_transport("inline", free_bytes=None, **pick) == "inline"
+    with pytest.raises(ValueError) as exc:
+        choose_weight_sync_transport("shm", free_bytes=64 * mib, **pick)
+    assert "set rollout.weight_sync_transport=inline" in str(exc.value)
+    assert "rollout.weight_sync_bucket_mb=31" in str(exc.value)    # (64 - 1) // 2 MiB buckets fit
+
+
+def test_weight_sync_transport_is_a_documented_rollout_setting():
+    from ulorl.config import config_from_dict
+    from ulorl.config_doc import explain
+
+    assert config_from_dict({}).rollout.weight_sync_transport == "auto"
+    assert config_from_dict({"rollout": {"weight_sync_transport": "inline"}}).rollout.weight_sync_transport == "inline"
+    with pytest.raises(Exception, match="weight_sync_transport"):
+        config_from_dict({"rollout": {"weight_sync_transport": "tmpfs"}})
+    assert "/dev/shm" in explain("rollout.weight_sync_transport")
+
+
+def test_engine_sizes_dev_shm_from_the_checkpoint_config(tmp_path):
+    import json
+
+    from ulorl.rollout.engines.vllm import largest_weight_bytes
+
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 151936, "hidden_size": 2560,
+                                                      "intermediate_size": 9728, "dtype": "bfloat16"}))
+    assert largest_weight_bytes(tmp_path) == 151936 * 2560 * 2
+    assert largest_weight_bytes(tmp_path, "float32") == 151936 * 2560 * 4
+    assert largest_weight_bytes(tmp_path / "nowhere") == 0

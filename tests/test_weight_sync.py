@@ -156,7 +156,7 @@ def test_engine_options_reach_vllm_arguments():
     assert engine_options() == {"tensor_parallel_size": 1}
     opts = engine_options(tensor_parallel_size=2, colocate=True, weight_transfer="nccl",
                           hf_overrides={"max_position_embeddings": 135168})
-    assert opts == {"tensor_parallel_size": 2, "enable_sleep_mode": True,
+    assert opts == {"tensor_parallel_size": 2, "distributed_executor_backend": "mp", "enable_sleep_mode": True,
                     "weight_transfer_config": {"backend": "nccl"},
                     "hf_overrides": {"max_position_embeddings": 135168}}
     with pytest.raises(ValueError, match="tensor_parallel_size"):
@@ -189,3 +189,35 @@ def test_rope_overrides_carry_yarn_and_positions():
     assert ov["rope_scaling"]["rope_type"] == "yarn" and ov["rope_scaling"]["factor"] == 4.125
     plain = rope_overrides(Qwen3Config(max_position_embeddings=40960))
     assert plain == {"max_position_embeddings": 40960}
+
+
+SHM_SCRIPT = r"""
+import sys, torch
+from ulorl.rollout import weight_sync
+bucket = [("w", torch.ones(1 << 19))]                     # 2 MiB of float32
+try:
+    with weight_sync.SharedBucket(bucket, directory=sys.argv[1]) as b:
+        print("written")
+except OSError as exc:
+    print("refused:", type(exc).__name__, exc)
+"""
+
+
+def test_shared_bucket_on_a_full_tmpfs_raises_instead_of_dying_of_sigbus(tmp_path):
+    """A 2 MiB bucket into a 1 MiB tmpfs (a container's small /dev/shm in miniature), in a private mount
+    namespace: the sender gets ``SharedMemoryFull``; a sparse ftruncate + mapped write dies of SIGBUS."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    assert shutil.which("unshare"), "this test mounts a tmpfs in a private mount namespace (util-linux unshare)"
+    small = tmp_path / "small-shm"
+    small.mkdir()
+    script = tmp_path / "bucket.py"
+    script.write_text(SHM_SCRIPT)
+    cmd = ["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {small} && exec {sys.executable} "
+           f"{script} {small}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])     # -7 = SIGBUS
+    assert proc.stdout.startswith("refused: SharedMemoryFull") and "No space left" in proc.stdout

@@ -125,6 +125,11 @@ class RolloutConfig(_Section):
     weight_sync_bucket_mb: float = Field(
         256.0, gt=0, description="weight sync streams parameters to the engines in buckets of at most this many MiB"
     )
+    weight_sync_transport: Literal["auto", "shm", "inline"] = Field(
+        "auto", description="vllm, weight_transfer 'stream': how a bucket reaches the engine's workers: 'shm' "
+        "(a file in /dev/shm they map), 'inline' (copied into the RPC message), 'auto' (shm when /dev/shm has "
+        "room for two buckets of the largest size, else inline; checked when the engine starts)"
+    )
     weight_transfer: Literal["stream", "nccl", "ipc"] = Field(
         "stream", description="vllm: 'stream' (buckets over the engine's RPC, CPU and GPU) or vLLM's native "
         "GPU transfer ('nccl' broadcast to engines on other GPUs, 'ipc' for colocated engines)"

@@ -302,6 +302,25 @@ def test_bucketed_update_matches_hf_with_new_weights(vllm_engine, hf_engine, hf_
     assert [r.token_ids for r in vllm_engine.generate(reqs, GREEDY)] == [r.token_ids for r in before]
 
 
+def test_an_update_that_misses_layers_is_refused_not_half_applied(vllm_engine, hf_model):
+    """vLLM's layerwise reload keeps a layer's OLD weights when none of its tensors arrive (a log line
+    only); the engine reads vLLM's own per-layer bookkeeping and refuses such an update, naming the layers."""
+    reqs = _requests(3, 16)
+    before = vllm_engine.generate(reqs, GREEDY)
+    original = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    partial = {k: v + 0.05 for k, v in original.items() if ".layers.1.mlp." not in k}
+    v0 = vllm_engine.policy_version
+    try:
+        with pytest.raises(RuntimeError, match=r"2 of \d+ layers got none of their weights") as exc:
+            vllm_engine.update_weights(partial, v0 + 1)
+        assert "model.layers.1.mlp.gate_up_proj" in str(exc.value) and "model.layers.1.mlp.down_proj" in str(exc.value)
+        assert vllm_engine.policy_version == v0                          # not recorded as updated
+    finally:
+        vllm_engine.update_weights(original, v0 + 2)
+    assert vllm_engine.last_update_layers > 0 and vllm_engine.last_update_partial == []
+    assert [r.token_ids for r in vllm_engine.generate(reqs, GREEDY)] == [r.token_ids for r in before]
+
+
 def test_colocate_and_native_transfer_refused_on_cpu(tiny_model_dir):
     """vLLM's CPU build has no sleep mode and no native weight transfer: the switches say so
     (before any engine process starts)."""

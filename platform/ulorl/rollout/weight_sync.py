@@ -47,10 +47,17 @@ __all__ = [
     "pack_bucket",
     "packed_size",
     "SharedBucket",
+    "SharedMemoryFull",
+    "choose_weight_sync_transport",
+    "shm_bytes_needed",
+    "shm_free_bytes",
     "open_shared_bucket",
     "plan_buckets",
     "push_weights",
     "WeightSource",
+    "WeightMeta",
+    "WeightStreamFactory",
+    "stream_metadata",
     "tensor_nbytes",
     "unpack_bucket",
 ]
@@ -207,6 +214,57 @@ def unpack_bucket(blob: Any) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+SHM_DIR = "/dev/shm"
+WEIGHT_SYNC_TRANSPORTS = ("auto", "shm", "inline")
+
+
+class SharedMemoryFull(OSError):
+    """/dev/shm has no room for a weight-sync bucket (raised before anything is written to it)."""
+
+
+def shm_free_bytes(directory: str = SHM_DIR) -> Optional[int]:
+    """Bytes free for an unprivileged writer in ``directory`` (``statvfs``); None when it does not exist."""
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return int(st.f_bavail) * int(st.f_frsize)
+
+
+def shm_bytes_needed(bucket_bytes: int, largest_tensor_bytes: int = 0) -> int:
+    """/dev/shm the bucketed update may hold at once: two of the largest bucket (a worker's layerwise
+    loader can keep views of the previous bucket mapped while the next one is written; a tensor larger
+    than a bucket travels alone), plus 1 MiB of headers (pure)."""
+    return 2 * max(int(bucket_bytes), int(largest_tensor_bytes)) + (1 << 20)
+
+
+def choose_weight_sync_transport(requested: str, *, bucket_bytes: int, largest_tensor_bytes: int,
+                                 free_bytes: Optional[int], directory: str = SHM_DIR) -> str:
+    """``shm`` or ``inline`` for ``rollout.weight_sync_transport`` (pure; checked before the first update).
+
+    A bucket in /dev/shm is a file the sender truncates to size and writes through a mapping: on a
+    tmpfs with too little room (a container's default /dev/shm is 64 MiB) that write is a SIGBUS that
+    kills the process, not an exception. ``auto`` takes ``shm`` only where ``shm_bytes_needed`` fits
+    in ``free_bytes``; an explicit ``shm`` that does not fit is refused with the settings that fix it.
+    """
+    if requested not in WEIGHT_SYNC_TRANSPORTS:
+        raise ValueError(f"rollout.weight_sync_transport must be one of {WEIGHT_SYNC_TRANSPORTS}, got {requested!r}")
+    if requested == "inline":
+        return "inline"
+    need = shm_bytes_needed(bucket_bytes, largest_tensor_bytes)
+    if free_bytes is not None and free_bytes >= need:
+        return "shm"
+    if requested == "auto":
+        return "inline"
+    have = "does not exist" if free_bytes is None else f"has {free_bytes / (1 << 20):.0f} MiB free"
+    fit = max(1, int(((free_bytes or 0) - (1 << 20)) // 2 // (1 << 20)))
+    raise ValueError(
+        f"rollout.weight_sync_transport=shm needs {need / (1 << 20):.0f} MiB in {directory} (two buckets of "
+        f"{max(bucket_bytes, largest_tensor_bytes) / (1 << 20):.0f} MiB) but it {have}: set "
+        f"rollout.weight_sync_transport=inline (or auto), or rollout.weight_sync_bucket_mb={fit} if no tensor "
+        f"is larger, or give the container a larger /dev/shm (docker run --shm-size=...)")
+
+
 class SharedBucket:
     """One packed bucket in a file under ``/dev/shm`` (tmpfs): written once by the sender, mapped
     read-only by each engine worker, so the RPC message only carries the file's path.
@@ -217,11 +275,17 @@ class SharedBucket:
     the layer it started is complete in the next one).
     """
 
-    def __init__(self, bucket: Sequence[tuple[str, torch.Tensor]], directory: str = "/dev/shm") -> None:
+    def __init__(self, bucket: Sequence[tuple[str, torch.Tensor]], directory: str = SHM_DIR) -> None:
         size = packed_size(bucket)
         fd, self.path = tempfile.mkstemp(prefix="ulorl-wsync-", dir=directory)
         try:
-            os.ftruncate(fd, size)
+            try:
+                # reserve every page first: a tmpfs out of room then fails here with ENOSPC, where a
+                # sparse ftruncate would let the mapped write below die of SIGBUS
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                raise SharedMemoryFull(exc.errno, f"no room for a {size / (1 << 20):.1f} MiB weight-sync bucket "
+                                       f"in {directory} ({exc.strerror})") from exc
             with mmap.mmap(fd, size) as mm:
                 pack_bucket(bucket, out=mm)
         except BaseException:
@@ -254,6 +318,34 @@ def open_shared_bucket(path: str) -> list[tuple[str, torch.Tensor]]:
     return unpack_bucket(mm)  # the views keep the mapping alive; it unmaps when they are freed
 
 
+WeightMeta = tuple[str, torch.dtype, tuple[int, ...]]
+
+
+class WeightStreamFactory:
+    """Fresh full-weight streams (``factory()``, a collective under ZeRO-3) plus what every stream
+    holds, known without one (``factory.metadata()``: ``(name, dtype, full shape)`` per tensor, in
+    stream order; ZeRO-3 reads ``ds_shape``). A native weight transfer sizes the engines' receive
+    buffers from the metadata and walks ONE stream per update."""
+
+    def __init__(self, stream: Callable[[], WeightStream], metadata: Callable[[], list[WeightMeta]]) -> None:
+        self._stream = stream
+        self._metadata = metadata
+
+    def __call__(self) -> WeightStream:
+        return self._stream()
+
+    def metadata(self) -> list[WeightMeta]:
+        return self._metadata()
+
+
+def stream_metadata(factory: Callable[[], WeightStream]) -> list[WeightMeta]:
+    """``(name, dtype, shape)`` of each tensor of ``factory``'s streams: a ``WeightStreamFactory``'s own
+    (no stream walked), else one stream walked for it (a gather under ZeRO-3; no tensor kept)."""
+    if isinstance(factory, WeightStreamFactory):
+        return factory.metadata()
+    return [(name, t.dtype, tuple(t.shape)) for name, t in named_tensors(factory())]
+
+
 class WeightSource(Protocol):
     """What ``push_weights`` reads of a training backend (``ulorl.train.backend.TrainBackend`` has both)."""
 
@@ -272,7 +364,8 @@ def push_weights(engine: Engine, backend: WeightSource, version: int) -> None:
 
     Engines that stream weights (``engine.streams_weights``: vLLM, Ray engine actors) get the
     backend's factory of lazy weight streams (``rollout_weight_stream``: gathered per bucket under
-    ZeRO-3) through ``update_weights_from`` (native transfer walks it twice; ``stream`` buckets one);
+    ZeRO-3, the trainer's own device tensors, a ``WeightStreamFactory`` that knows their shapes)
+    through ``update_weights_from``, which walks one stream per update for every engine;
     other engines (the in-process HF engine, which shares or copies tensors), and every engine of a
     backend without a stream, get ``state_dict_for_rollout()``. Every rank of a data-parallel
     backend must call this (ZeRO-3 gathers are collective); the worker ranks' streams are consumed
@@ -280,6 +373,6 @@ def push_weights(engine: Engine, backend: WeightSource, version: int) -> None:
     """
     stream = backend.rollout_weight_stream
     if stream is not None and engine.streams_weights:
-        engine.update_weights_from(stream, version)   # native transfer reads the stream twice (metadata, tensors)
+        engine.update_weights_from(stream, version)
     else:
         engine.update_weights(backend.state_dict_for_rollout(), version)

@@ -51,6 +51,7 @@ from ulorl.scale.layout import (
     placement_strategy,
     validate_layout,
 )
+from ulorl.scale.multinode import RunDirProbe, answer_probe, one_per_node, served_params, store_plan
 
 if TYPE_CHECKING:
     from ulorl.config import ExperimentConfig
@@ -119,7 +120,7 @@ class RemoteEngine(EngineBase):
         self.asleep = False
         self.described = described
         self.weight_transfer = described[0]["weight_transfer"]
-        self._senders: Optional[list[Any]] = None
+        self._native: Optional[Any] = None   # the NativeSender of every engine (weight_transfer nccl)
 
     def generate(self, requests: list[Any], sampling: Any) -> list[Any]:
         import ray
@@ -170,46 +171,47 @@ class RemoteEngine(EngineBase):
         self.asleep = False   # each actor's engine woke for its load
 
     def update_weights_from(self, stream_factory: Callable[[], Iterable[tuple[str, Any]]], version: int) -> None:
-        """One weight update from fresh full-weight streams (``backend.named_weights_for_rollout``).
+        """One weight update from fresh full-weight streams (``backend.rollout_weight_stream``).
 
         ``stream``: bucketed through Ray (``update_weights_streamed``). ``nccl``: vLLM's trainer-side
         NCCL sender runs HERE, in the trainer's rank 0 with its own GPU (vLLM examples/rl/rlhf_nccl.py),
-        one sender per engine actor on its own port, driving the actor through vLLM's own
-        ``RayVLLMWeightSyncClient``; each round reads the stream twice (metadata, then the tensors
-        moved to this GPU).
+        ONE sender for every engine actor: the actors' workers share one NCCL group
+        (``nccl_group_init_info``), driven together through ``EngineGroupSyncClient``, so each update
+        walks one stream (one ZeRO-3 gather) and broadcasts each packed buffer once, from the
+        trainer's device tensors; the metadata is read locally (``WeightStreamFactory``).
         """
         import ray
 
         if self.weight_transfer == "stream":
             self.update_weights_streamed(stream_factory(), version)
             return
-        if self._senders is None:
-            self._senders = self._nccl_senders()
-        for sender in self._senders:
-            sender.send(stream_factory)
+        if self._native is None:
+            self._native = self._nccl_group_sender()
+        self._native.send(stream_factory)
         ray.get([h.update_weight_version.remote(str(version)) for h in self.handles])
         self.policy_version = int(version)
+        self.last_update_messages = 1
         self.asleep = False
 
-    def _nccl_senders(self) -> list[Any]:
+    def _nccl_group_sender(self) -> Any:
         import ray
         import torch
-        from vllm.distributed.weight_transfer.clients import RayVLLMWeightSyncClient
 
         from ulorl.rollout.checkpoint_names import conversion_model
-        from ulorl.rollout.engines.vllm import NativeSender, native_transfer_problem, nccl_init_infos
+        from ulorl.rollout.engines.vllm import NativeSender, native_transfer_problem, nccl_group_init_info
         from ulorl.train.distributed import free_port
 
         problem = native_transfer_problem(self.weight_transfer, in_trainer_process=False, world_size=1,
                                           tensor_parallel_size=1, colocate=self.colocate)
         if problem:
             raise ValueError(problem)
-        device = torch.device("cuda", torch.cuda.current_device())
-        infos = nccl_init_infos([d["tensor_parallel_size"] for d in self.described], bucket_bytes=self.bucket_bytes,
-                                master_address=ray.util.get_node_ip_address(), port=free_port)
+        # the trainer's own GPU: tensors already there are sent as they are (no copy)
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        info, offsets = nccl_group_init_info([d["tensor_parallel_size"] for d in self.described],
+                                             bucket_bytes=self.bucket_bytes,
+                                             master_address=ray.util.get_node_ip_address(), master_port=free_port())
         names_model = conversion_model(self.described[0]["model"])
-        return [NativeSender("nccl", info, RayVLLMWeightSyncClient(h), [None], names_model, device)
-                for h, info in zip(self.handles, infos)]
+        return NativeSender("nccl", info, EngineGroupSyncClient(self.handles, offsets), [None], names_model, device)
 
     def sleep(self) -> None:
         """Colocated engines: every actor's engine frees its GPU memory until the next weight push."""
@@ -217,6 +219,53 @@ class RemoteEngine(EngineBase):
 
         ray.get([h.sleep.remote() for h in self.handles])
         self.asleep = True
+
+
+class EngineGroupSyncClient:
+    """vLLM's ``VLLMWeightSyncClient`` protocol over engine actors whose workers share ONE NCCL group.
+
+    vLLM's own ``RayVLLMWeightSyncClient`` fans a call out to several actors with the same arguments,
+    which suits the data-parallel ranks of one engine; separate engines need their own place in the
+    group, so ``init_weight_transfer_engine`` hands actor ``j`` its ``rank_offset`` (``rank_offsets[j]``,
+    from ``nccl_group_init_info``). Every call goes to all actors at once and waits for all: the NCCL
+    rendezvous and each broadcast need every worker inside the same call.
+    """
+
+    def __init__(self, handles: list[Any], rank_offsets: list[int]) -> None:
+        if len(handles) != len(rank_offsets):
+            raise ValueError(f"{len(handles)} engine actors but {len(rank_offsets)} rank offsets")
+        self.handles = handles
+        self.rank_offsets = rank_offsets
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        import ray
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        ray.get([h.init_weight_transfer_engine.remote(WeightTransferInitRequest(init_info={**init_info,
+                                                                                          "rank_offset": off}))
+                 for h, off in zip(self.handles, self.rank_offsets)])
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        import ray
+
+        ray.get([h.shutdown_weight_transfer_engine.remote() for h in self.handles])
+
+    def start_weight_update(self) -> None:
+        import ray
+
+        ray.get([h.start_weight_update.remote() for h in self.handles])
+
+    def update_weights(self, update_info: Any) -> None:
+        import ray
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        request = WeightTransferUpdateRequest(update_info=update_info)
+        ray.get([h.update_weights.remote(request) for h in self.handles])
+
+    def finish_weight_update(self, weight_version: Optional[str] = None) -> None:
+        import ray
+
+        ray.get([h.finish_weight_update.remote() for h in self.handles])
 
 
 def _sum_stats(stats: list[Any]) -> Any:
@@ -281,6 +330,9 @@ class EngineActor:
     def info(self) -> dict[str, Any]:
         return _node_info()
 
+    def sees_run_dir(self, path: str, token: str, roles: list[str]) -> dict[str, Any]:
+        return answer_probe(path, token, _node_info(), roles)
+
     def describe(self) -> dict[str, Any]:
         """What the trainer's ``RemoteEngine`` mirrors: the engine's context limit and colocation."""
         from ulorl.rollout.engines.vllm import VLLMEngine
@@ -304,7 +356,7 @@ class EngineActor:
         self.engine.close()
 
     # vLLM's weight-sync protocol (``VLLMWeightSyncClient``, the methods of its offline ``LLM``): the
-    # trainer's rank 0 drives native transfer through vLLM's own ``RayVLLMWeightSyncClient`` over this actor
+    # trainer's rank 0 drives native transfer through ``EngineGroupSyncClient`` over every engine actor
     def init_weight_transfer_engine(self, request: Any) -> None:
         self._vllm.llm.init_weight_transfer_engine(request)
 
@@ -390,6 +442,9 @@ class TrainerActor:
     def info(self) -> dict[str, Any]:
         return _node_info()
 
+    def sees_run_dir(self, path: str, token: str, roles: list[str]) -> dict[str, Any]:
+        return answer_probe(path, token, _node_info(), roles)
+
     def free_port(self) -> int:
         from ulorl.train.distributed import free_port
 
@@ -435,6 +490,17 @@ def log_placement_params(tracking_uri: str, run_id: str, params: dict[str, str])
     changed = [RunTag(f"{k}.resumed", v) for k, v in params.items() if k in have and have[k] != v]
     if new or changed:
         client.log_batch(run_id, params=new, tags=changed)
+
+
+def _log_placement_params_or_warn(tracking_uri: str, run_id: str, params: dict[str, str]) -> bool:
+    """``log_placement_params``; a failure is reported, never the end of a run whose steps are logged."""
+    try:
+        log_placement_params(tracking_uri, run_id, params)
+        return True
+    except Exception as exc:  # MLflow, HTTP or SQLite: the placement params are not worth a lost step
+        print(f"ulorl-train --ray: could not log the placement params of run {run_id} to {tracking_uri}: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return True
 
 
 # ----------------------------------------------------------------------------- run
@@ -486,6 +552,15 @@ def _own_placement_group(cfg: ExperimentConfig, bundles: list[dict[str, float]],
     return pg
 
 
+def bundle_options(pg: Any, bundle: dict[str, float], index: int) -> dict[str, Any]:
+    """Ray actor options that put an actor in bundle ``index`` of ``pg`` holding all of ``bundle``
+    (CPUs and GPUs: a Ray actor sees exactly the GPUs it holds)."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"num_cpus": bundle["CPU"], "num_gpus": bundle.get("GPU", 0.0),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)}
+
+
 def _worker_env(i: int, trainer_info: list[dict[str, Any]], master: tuple[str, int],
                 gpu_workers: bool) -> dict[str, str]:
     """torch.distributed environment of trainer worker ``i`` (LOCAL_RANK: its index among the
@@ -493,6 +568,21 @@ def _worker_env(i: int, trainer_info: list[dict[str, Any]], master: tuple[str, i
     local = sum(1 for k in range(i) if trainer_info[k]["node_id"] == trainer_info[i]["node_id"])
     return {"RANK": str(i), "WORLD_SIZE": str(len(trainer_info)), "MASTER_ADDR": master[0],
             "MASTER_PORT": str(master[1]), "LOCAL_RANK": "0" if gpu_workers else str(local)}
+
+
+def _check_run_dir(rdir: Path, actors: list[Any], infos: list[dict[str, Any]], roles: list[str]) -> None:
+    """Every node of the run reads a token the driver wrote into ``rdir`` and writes one back
+    (``RunDirProbe``); raises ``PlacementError`` naming the first node that cannot."""
+    import ray
+
+    probe = RunDirProbe.create(rdir)
+    try:
+        per_node = one_per_node(infos, roles)
+        answers = ray.get([actors[i].sees_run_dir.remote(str(probe.path), probe.token, held)
+                           for i, held in per_node.values()])
+        probe.check(answers)
+    finally:
+        probe.remove()
 
 
 def _wait_draining(futures: list[Any], queue: Any, on_item: Callable[[tuple[Any, ...]], None]) -> None:
@@ -549,16 +639,23 @@ def run_placement(
     tracking_uri: Optional[str] = None,
     step_callback: Optional[Callable[[int, dict[str, float], Optional[Path]], None]] = None,
     progress: bool = False,
+    store_server: Optional[Callable[..., Any]] = None,
     **trainer_kwargs: Any,
 ) -> PlacementResult:
     """Run one training in a placement group (module docstring). ``trainer_kwargs`` go to ``Trainer``
-    on worker 0 (parent_run_id, extra_tags, fail_at_step, eval_at_start)."""
+    on worker 0 (parent_run_id, extra_tags, fail_at_step, eval_at_start).
+
+    Before step 1 (``ulorl.scale.multinode``): every node the run uses must see the run directory (else
+    ``PlacementError`` naming the node and the path), and when trainer rank 0 is on another node than
+    this driver and the store is a local file, the store is served to it by ``store_server(uri,
+    host=tracking.server_host, auth=tracking.server_auth, password=...)`` (``MlflowServer``, as a sweep
+    serves its trials; ``ulorl-train --ray`` passes it) or the run is refused with the settings that work.
+    """
     validate_layout(cfg)
     # keeps a local Ray on 127.0.0.1 (STACK.md); must be set before ray is imported
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray.util.queue import Queue
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from ulorl.tracking import resolve_tracking_uri
     from ulorl.tracking.credentials import current_credentials
@@ -577,6 +674,8 @@ def run_placement(
 
     started, addr = _start_ray(address)
     own_pg = None
+    server: Any = None                   # the store's server when rank 0 is on another node
+    saved_env: dict[str, Optional[str]] = {}
     actors: list[Any] = []
     engines: list[Any] = []
     try:
@@ -586,10 +685,7 @@ def run_placement(
             own_pg = pg = _own_placement_group(cfg, bundles, strategy)
 
         def opts(i: int) -> dict[str, Any]:
-            b = bundles[i]
-            return {"num_cpus": b["CPU"], "num_gpus": b.get("GPU", 0.0),
-                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                        pg, placement_group_bundle_index=offset + i)}
+            return bundle_options(pg, bundles[i], offset + i)
 
         # Any: Ray types an actor handle's methods as plain callables, without their .remote
         # named (ulorl-engine-<j>-<pid>): a diagnostic can reach an engine during the run
@@ -601,6 +697,23 @@ def run_placement(
         engine_info = ray.get([e.info.remote() for e in engines])
         master = (trainer_info[0]["node_ip"], ray.get(workers[0].free_port.remote()))
         params = placement_params(cfg, addr, strategy, bundles, trainer_info, engine_info, ray.cluster_resources())
+        _check_run_dir(rdir, workers + engines, trainer_info + engine_info, bundle_roles(cfg))
+        driver = {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+        plan = store_plan(uri, driver, trainer_info[0], cfg.tracking.server_host)
+        trainer_uri, credentials = uri, current_credentials()
+        if plan == "serve":
+            if store_server is None:
+                raise PlacementError(f"trainer rank 0 runs on another node ({trainer_info[0]['node_ip']}) than this "
+                                     f"process and the tracking store {uri} is a local file: pass an http(s) "
+                                     f"--tracking-uri of an MLflow server every node reaches")
+            server = store_server(uri, host=cfg.tracking.server_host, auth=cfg.tracking.server_auth,
+                                  password=os.environ.get(cfg.tracking.auth_env) or None)
+            server.start()
+            trainer_uri, credentials = server.uri, dict(server.client_env())
+            saved_env = {k: os.environ.get(k) for k in credentials}
+            os.environ.update(credentials)   # this driver logs the placement params through the server too
+        params.update(served_params(plan, server.uri if server is not None else None,
+                                    bool(server is not None and server.auth)))
         if progress:
             print(f"ulorl-train --ray: {n} trainer worker(s) + {m} engine(s) on "
                   f"{params['placement.nodes_used']} node(s), run dir {rdir}", file=sys.stderr)
@@ -610,10 +723,11 @@ def run_placement(
         futures = []
         for i, w in enumerate(workers):
             env = _worker_env(i, trainer_info, master, r.gpus_per_trainer_worker > 0)
-            kwargs = {"run_dir": str(rdir), "tracking_uri": uri, **({"resume": str(rdir)} if resume and i == 0 else {})}
+            kwargs = {"run_dir": str(rdir), "tracking_uri": trainer_uri,
+                      **({"resume": str(rdir)} if resume and i == 0 else {})}
             if i == 0:
                 kwargs.update(trainer_kwargs)
-                env.update(current_credentials())  # rank 0 writes to MLflow; in the call, never in a logged runtime_env
+                env.update(credentials)  # rank 0 writes to MLflow; in the call, never in a logged runtime_env
             futures.append(w.run.remote(cfg_dict, env, kwargs, engines if i == 0 else [], queue if i == 0 else None))
 
         logged = False
@@ -622,8 +736,7 @@ def run_placement(
             nonlocal logged
             run_id, step, metrics, ckpt = item
             if not logged and run_id:
-                log_placement_params(uri, run_id, params)
-                logged = True
+                logged = _log_placement_params_or_warn(trainer_uri, run_id, params)
             if progress:
                 print(f"step {step}: reward {metrics.get('rollout/reward_mean', float('nan')):.3f} "
                       f"{metrics.get('time/step_s', 0.0):.1f}s/step", file=sys.stderr)
@@ -633,22 +746,30 @@ def run_placement(
         _wait_draining(futures, queue, on_step)
         out = ray.get(futures[0])
         if out["run_id"] and not logged:
-            log_placement_params(uri, out["run_id"], params)
+            _log_placement_params_or_warn(trainer_uri, out["run_id"], params)
         return PlacementResult(run_id=out["run_id"], run_dir=Path(out["run_dir"]), steps=out["steps"],
-                               interrupted=out["interrupted"], tracking_uri=out["tracking_uri"], params=params,
+                               interrupted=out["interrupted"], tracking_uri=uri, params=params,
                                last_metrics=out["last_metrics"])
     finally:
         _release(engines, actors, own_pg, started)
+        if server is not None:
+            server.stop()
+            for k, v in saved_env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
-def run_with_placement(cfg: ExperimentConfig, args: Any) -> int:
-    """``ulorl-train EXP.yaml --ray [--address ADDR]``: exit status 0, 2 (bad input/placement), 130."""
+def run_with_placement(cfg: ExperimentConfig, args: Any, store_server: Optional[Callable[..., Any]] = None) -> int:
+    """``ulorl-train EXP.yaml --ray [--address ADDR]``: exit status 0, 2 (bad input/placement), 130.
+    ``store_server``: how to serve a local tracking store to a rank 0 on another node (``run_placement``)."""
     from ulorl.config import ConfigError
 
     try:
         res = run_placement(cfg, address=args.address, run_dir=args.run_dir, resume=args.resume,
                             tracking_uri=args.tracking_uri, progress=not args.no_progress,
-                            allow_config_change=args.allow_config_change)
+                            allow_config_change=args.allow_config_change, store_server=store_server)
     except (PlacementError, FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2

@@ -46,13 +46,14 @@ import copy
 import json
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
 from ulorl.config import TrainConfig
+from ulorl.rollout.weight_sync import WeightMeta, WeightStreamFactory
 from ulorl.train.distributed import DataParallel, dist_env, ensure_process_group
 
 log = logging.getLogger("ulorl.train.deepspeed")
@@ -380,18 +381,29 @@ class DeepSpeedBackend:
         return bucketize_params(list(self.module.named_parameters()), self.export_bucket_bytes)
 
     @property
-    def rollout_weight_stream(self) -> Callable[[], Iterator[tuple[str, torch.Tensor]]]:
-        """``named_weights_for_rollout``: streaming engines get the weights bucket by bucket."""
-        return self.named_weights_for_rollout
+    def rollout_weight_stream(self) -> WeightStreamFactory:
+        """``named_weights_for_rollout`` streams, with ``rollout_weight_metadata`` (no gather)."""
+        return WeightStreamFactory(self.named_weights_for_rollout, self.rollout_weight_metadata)
+
+    def rollout_weight_metadata(self) -> list[WeightMeta]:
+        """``(name, dtype, full shape)`` of every tensor ``named_weights_for_rollout`` yields, in its
+        order, read locally on any rank: ZeRO-3 keeps each parameter's full shape in ``ds_shape``."""
+        if self.zero_stage != 3:
+            return [(k, v.dtype, tuple(v.shape)) for k, v in self.module.state_dict().items()]
+        return [(name, p.dtype, tuple(getattr(p, "ds_shape", p.shape)))
+                for bucket in self._export_buckets() for name, p in bucket]
 
     def named_weights_for_rollout(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Lazy ``(name, tensor)`` stream of the full weights for a streaming engine (rank 0).
 
         ZeRO-1/2: the module's own tensors. ZeRO-3: parameters gathered one bucket of
         ``export_bucket_bytes`` at a time (a collective: the worker ranks run the same sequence
-        from ``state_dict_for_rollout``), each yielded as a CPU copy and the bucket released
-        before the next one is gathered, so rank 0 holds at most one gathered bucket plus the
-        consumer's current bucket.
+        from ``state_dict_for_rollout``), the bucket released before the next one is gathered.
+        Tensors stay where the trainer holds them (its GPU): each consumer copies once, where it
+        must (a native NCCL broadcast packs device tensors; the bucketed stream copies each bucket
+        to host once). A yielded ZeRO-3 tensor is the gathered parameter's data: it keeps that
+        gathered storage alive while the consumer holds it, so rank 0 holds at most the consumer's
+        current bucket plus the gathered buckets it spans.
         """
         if self.zero_stage != 3:
             for k, v in self.module.state_dict().items():
@@ -401,7 +413,7 @@ class DeepSpeedBackend:
             self.data_parallel.send("gather")
         for bucket in self._gathered_buckets():
             for name, p in bucket:
-                yield name, p.data.detach().to("cpu", copy=True)
+                yield name, p.data.detach()
 
     def _gathered_buckets(self) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
         """ZeRO-3: ``named_parameters`` in buckets of ``export_bucket_bytes`` (full sizes), each

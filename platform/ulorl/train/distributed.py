@@ -44,6 +44,7 @@ import math
 import os
 import pickle
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -150,12 +151,25 @@ def shutdown_process_group() -> None:
     """
     if not (td.is_available() and td.is_initialized()):
         return
-    from deepspeed import comm as ds_comm
+    if deepspeed_made_group():
+        from deepspeed import comm as ds_comm
 
-    if ds_comm.cdb is not None:
         ds_comm.destroy_process_group()
     else:
         td.destroy_process_group()
+
+
+def deepspeed_made_group() -> bool:
+    """DeepSpeed's communication backend holds the live process group (``init_distributed`` ran).
+
+    The backend lives in ``deepspeed.comm.comm.cdb``: ``deepspeed.comm`` re-exports that module's
+    names with ``from .comm import *``, which copied ``cdb = None`` at import, so
+    ``deepspeed.comm.cdb`` stays None whatever happens later. deepspeed is looked up only if
+    something imported it already.
+    """
+    impl = sys.modules.get("deepspeed.comm.comm")
+    cdb = getattr(impl, "cdb", None)
+    return cdb is not None and bool(cdb.is_initialized())
 
 
 # ----------------------------------------------------------------------------- process-group layout (pure)

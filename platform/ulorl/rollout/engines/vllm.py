@@ -42,10 +42,12 @@ What the engine guarantees (same contract as the HF engine, ``rollout/types.py``
   trainer's rank 0 on its own GPU (nccl: engines in Ray actors, one rendezvous port each, driven
   through vLLM's ``RayVLLMWeightSyncClient``; ipc: one trainer process colocated with a TP-1
   engine), see ``native_transfer_problem``.
-- **Tensor parallelism**: ``tensor_parallel_size`` > 1 runs vLLM's multiprocess executor (on a
-  CPU build threads must be bound by hand: ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``, which the
-  engine sets when unset); on GPUs inside a Ray placement group pass
-  ``distributed_executor_backend="ray"`` through ``llm_kwargs``.
+- **Tensor parallelism**: ``tensor_parallel_size`` > 1 runs vLLM's multiprocess executor on the
+  devices this process sees, asked for explicitly (``executor_backend``): inside a Ray placement
+  group (an engine actor, a Tune trial) vLLM 0.32 would pick its Ray executor by itself, which
+  refuses the actor's ``{GPU: gpus_per_engine}`` bundle ("cannot have more than 1 GPU") and does not
+  run on a CPU build at all. On a CPU build threads must be bound by hand:
+  ``VLLM_CPU_OMP_THREADS_BIND``, e.g. ``0|1``, which the engine sets when unset.
 - **Colocation** (``colocate=True``): ``enable_sleep_mode``; ``sleep()`` (level 2: weights and KV
   cache dropped) frees the engine's GPU memory before the trainer's update, the weight update wakes
   the weights, loads, then wakes the KV cache. vLLM's CPU build refuses sleep mode, so the
@@ -71,6 +73,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -107,13 +110,19 @@ from ulorl.rollout.types import (
 from ulorl.rollout.weight_sync import (
     DEFAULT_BUCKET_MB,
     SharedBucket,
+    SharedMemoryFull,
+    WeightStreamFactory,
     bucket_bytes_from_mb,
     bucketize,
+    choose_weight_sync_transport,
     named_tensors,
     pack_bucket,
+    shm_free_bytes,
+    stream_metadata,
 )
 
-__all__ = ["VLLMEngine", "vllm_sampling_kwargs", "request_seed_64", "engine_options", "rope_overrides",
+__all__ = ["VLLMEngine", "vllm_sampling_kwargs", "request_seed_64", "engine_options", "executor_backend",
+           "rope_overrides",
            "WEIGHT_TRANSFERS", "COLOCATE_CPU_MESSAGE"]
 
 log = logging.getLogger("ulorl.rollout.vllm")
@@ -203,17 +212,35 @@ def rope_overrides(config: Any) -> dict[str, Any]:
     return out
 
 
+def executor_backend(tensor_parallel_size: int) -> Optional[str]:
+    """vLLM's ``distributed_executor_backend`` for an engine of this size (pure): None (vLLM's
+    one-process executor) at TP 1, ``"mp"`` beyond.
+
+    The multiprocess executor starts one worker per TP rank on the devices this process sees: a Ray
+    engine actor sees exactly the GPUs of its ``{GPU: gpus_per_engine}`` bundle. Left unset, vLLM 0.32
+    picks ``"ray"`` whenever the process runs inside a Ray placement group (``config/parallel.py``,
+    ``get_current_placement_group()``), and its Ray executor accepts only single-GPU bundles
+    (``v1/executor/ray_utils.py``, ``initialize_ray_cluster``: "Placement group bundle cannot have
+    more than 1 GPU"; on a CPU build, no Ray support at all).
+    """
+    return "mp" if int(tensor_parallel_size) > 1 else None
+
+
 def engine_options(*, tensor_parallel_size: int = 1, colocate: bool = False, weight_transfer: str = "stream",
                    hf_overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The scale-related ``vllm.LLM`` keyword arguments (pure; no vLLM import).
 
-    ``tensor_parallel_size`` as given; ``enable_sleep_mode`` for colocation;
+    ``tensor_parallel_size`` as given, with ``distributed_executor_backend`` from
+    ``executor_backend`` beyond TP 1; ``enable_sleep_mode`` for colocation;
     ``weight_transfer_config`` for native transfer (built from a dict by vLLM's arg parsing);
     ``hf_overrides`` (rope parameters) when given.
     """
     if tensor_parallel_size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
     opts: dict[str, Any] = {"tensor_parallel_size": int(tensor_parallel_size)}
+    backend = executor_backend(tensor_parallel_size)
+    if backend is not None:
+        opts["distributed_executor_backend"] = backend
     if colocate:
         opts["enable_sleep_mode"] = True
     if weight_transfer != "stream":
@@ -279,19 +306,23 @@ def native_trainer_init_info(backend: str, *, tensor_parallel_size: int, bucket_
     raise ValueError(f"native weight transfer backend must be 'nccl' or 'ipc', got {backend!r}")
 
 
-def nccl_init_infos(tensor_parallel_sizes: Sequence[int], *, bucket_bytes: int, master_address: str,
-                    port: Callable[[], int]) -> list[dict[str, Any]]:
-    """One ``native_trainer_init_info("nccl")`` per engine, each on its own port from ``port()``
-    (a free port of the trainer's node): two engines never share a rendezvous."""
-    infos, seen = [], set()
+def nccl_group_init_info(tensor_parallel_sizes: Sequence[int], *, bucket_bytes: int, master_address: str,
+                         master_port: int) -> tuple[dict[str, Any], list[int]]:
+    """ONE NCCL group for every engine (pure): the trainer's ``native_trainer_init_info("nccl")`` with
+    ``world_size`` 1 + the engines' TP workers together, and each engine's ``rank_offset`` (its
+    workers take ranks ``offset .. offset + tp - 1``; vLLM's worker rank is ``rank_offset`` + its
+    rank in the engine, ``nccl_common.worker_init_process_group``). One packed broadcast from rank 0
+    then reaches every engine: one trainer-side stream (one ZeRO-3 gather) per update, whatever the
+    number of engines."""
+    offsets, nxt = [], 1
     for tp in tensor_parallel_sizes:
-        p = int(port())
-        while p in seen:      # free_port can hand the same port back once it is released
-            p = int(port())
-        seen.add(p)
-        infos.append(native_trainer_init_info("nccl", tensor_parallel_size=tp, bucket_bytes=bucket_bytes,
-                                              master_address=master_address, master_port=p))
-    return infos
+        if int(tp) < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tp}")
+        offsets.append(nxt)
+        nxt += int(tp)
+    info = native_trainer_init_info("nccl", tensor_parallel_size=nxt - 1, bucket_bytes=bucket_bytes,
+                                    master_address=master_address, master_port=master_port)
+    return info, offsets
 
 
 NCCL_IN_PROCESS_MESSAGE = (
@@ -358,25 +389,27 @@ class _LLMSyncClient:
 
 
 def weight_source(stream_factory: Callable[[], Iterable[tuple[str, torch.Tensor]]], names_model: Any,
-                  device: torch.device | str) -> Any:
-    """vLLM ``WeightSource`` over the trainer's weights, sent from ``device`` (the sender's GPU).
+                  device: Optional[torch.device | str]) -> Any:
+    """vLLM ``WeightSource`` over the trainer's weights (checkpoint names, ``to_checkpoint_names``).
 
-    ``stream_factory()`` gives a fresh ``(name, tensor)`` stream of the full weights each call
-    (the ZeRO-3 backend gathers one bucket at a time). ``metadata()`` walks one stream for names,
-    dtypes and shapes (checkpoint layout, ``to_checkpoint_names``) and keeps no tensor; iteration
-    walks another and moves each tensor to ``device``: vLLM's NCCL broadcast and IPC handles
-    take device tensors. Two gathers per round, never the whole model held at once.
+    ``metadata()``: names, dtypes and full shapes from ``stream_metadata(stream_factory)`` — local
+    for the backends' ``WeightStreamFactory`` (ZeRO-3 ``ds_shape``), converted to the checkpoint
+    layout on meta tensors: no stream walked, nothing gathered. Iteration walks one fresh stream
+    (``stream_factory()``: ZeRO-3 gathers one bucket at a time) and hands each tensor on where it
+    is; ``device`` (the sender's GPU) moves only a tensor that is elsewhere (``Tensor.to`` of a
+    tensor already there is the tensor itself). One gather per round, no host copy.
     """
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
     class _Source(WeightSource):
         def metadata(self) -> list[Any]:
-            return [ParamMeta(n, t.dtype, tuple(t.shape))
-                    for n, t in to_checkpoint_names(names_model, named_tensors(stream_factory()))]
+            shells = ((n, torch.empty(shape, dtype=dtype, device="meta"))
+                      for n, dtype, shape in stream_metadata(stream_factory))
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in to_checkpoint_names(names_model, shells)]
 
         def __iter__(self) -> Any:
             for n, t in to_checkpoint_names(names_model, named_tensors(stream_factory())):
-                yield n, t.to(device)
+                yield n, (t if device is None else t.to(device))
 
     return _Source()
 
@@ -385,14 +418,16 @@ class NativeSender:
     """vLLM 0.32's trainer-side weight transfer to one engine, in the TRAINER's process (rank 0).
 
     ``WeightTransferTrainerFactory.trainer_init(info, client=..., source=...)`` (the trainer opens
-    its NCCL endpoint as rank 0 while the engine's workers join through ``client``; IPC needs no
+    its NCCL endpoint as rank 0 while the engines' workers join through ``client``; IPC needs no
     rendezvous), then ``send`` runs one round (``send_weights``: start, packed broadcast / IPC
-    handles in buffers of the bucket size, finish). ``client`` is a ``VLLMWeightSyncClient``: vLLM's
-    own ``RayVLLMWeightSyncClient`` over an engine actor, or ``_LLMSyncClient`` in process.
+    handles in buffers of the bucket size, finish) from one trainer-side stream. ``client`` is a
+    ``VLLMWeightSyncClient``: ``EngineGroupSyncClient`` over every engine actor of one NCCL group
+    (``ulorl.scale.placement``), or ``_LLMSyncClient`` in process. ``device`` None: tensors are sent
+    from where the stream holds them.
     """
 
     def __init__(self, backend: str, init_info: dict[str, Any], client: Any,
-                 stream_holder: list[Any], names_model: Any, device: torch.device | str) -> None:
+                 stream_holder: list[Any], names_model: Any, device: Optional[torch.device | str]) -> None:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
         if backend == "nccl":
@@ -404,7 +439,8 @@ class NativeSender:
         def fresh() -> Iterable[tuple[str, torch.Tensor]]:
             return self._holder[0]()
 
-        self.source = weight_source(fresh, names_model, device)
+        self.source = weight_source(WeightStreamFactory(fresh, lambda: stream_metadata(self._holder[0])),
+                                    names_model, device)
         self._trainer = WeightTransferTrainerFactory.trainer_init(Info(**init_info), client=client, source=self.source)
 
     def send(self, stream_factory: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
@@ -493,6 +529,79 @@ def shared_gpu_problem(model: Any, colocate: bool, gpu_memory_utilization: float
                                          cap=SHARED_GPU_UTILIZATION_CAP)
 
 
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8}
+
+
+def largest_weight_bytes(model_dir: str | Path, dtype: str = "auto") -> int:
+    """Bytes of the largest weight a checkpoint's ``config.json`` implies (pure read; 0 when unknown): the
+    embedding / LM head ``vocab_size x hidden_size`` or an MLP matrix, in ``dtype`` (``auto``: the
+    config's own dtype). Sizes /dev/shm for the bucketed update before any weight exists."""
+    cfg_file = Path(model_dir) / "config.json"
+    if not cfg_file.is_file():
+        return 0
+    cfg = json.loads(cfg_file.read_text())
+    cfg = cfg.get("text_config", cfg)
+    hidden = int(cfg.get("hidden_size", 0) or 0)
+    dims = [int(cfg.get(k, 0) or 0) for k in ("vocab_size", "intermediate_size")]
+    name = dtype if dtype not in ("auto", None) else str(cfg.get("dtype", cfg.get("torch_dtype", "float32")))
+    return max(dims, default=0) * hidden * _DTYPE_BYTES.get(name.removeprefix("torch."), 4)
+
+
+GPU_MEMORY_MESSAGE = (
+    "rollout.vllm_gpu_memory_utilization={util} asks vLLM for {want:.1f} GiB of {device} ({total:.1f} GiB) but only "
+    "{free:.1f} GiB is free{why}: vLLM would refuse to start (free memory below utilization x total); "
+    "{fix}"
+)
+
+
+def gpu_memory_problem(free_bytes: int, total_bytes: int, utilization: float, device: str,
+                       colocate: bool) -> Optional[str]:
+    """Why vLLM would refuse to start on ``device`` with this much free memory, or None (pure).
+
+    vLLM 0.32's worker requests ``ceil(total x gpu_memory_utilization)`` and raises when the free memory
+    at start-up is below it (``v1/worker/utils.py``, ``request_memory``). A colocated engine starts beside
+    the trainer's resident state (ZeRO-3 partitions, optimizer, gradients), so the fix names the largest
+    utilization that fits what is free now, in hundredths, one hundredth below it.
+    """
+    want = math.ceil(total_bytes * utilization)
+    if free_bytes >= want:
+        return None
+    fits = math.floor(100 * free_bytes / total_bytes) / 100 - 0.01 if total_bytes else 0.0
+    gib = float(1 << 30)
+    why = " beside the trainer's state (rollout.colocate=true)" if colocate else ""
+    fix = (f"set rollout.vllm_gpu_memory_utilization={fits:.2f}" if fits >= 0.05 else
+           "free GPU memory for the engine (rollout.colocate=false with --ray puts engines on their own GPUs)")
+    return GPU_MEMORY_MESSAGE.format(util=utilization, want=want / gib, device=device, total=total_bytes / gib,
+                                     free=free_bytes / gib, why=why, fix=fix)
+
+
+def _cuda_device_of(model: Any) -> Optional[torch.device]:
+    """The CUDA device of ``model``'s first parameter; else this process's current CUDA device when
+    there is one (an engine actor's own GPU); None on a CPU machine."""
+    params = getattr(model, "parameters", None)
+    first = next(iter(params()), None) if callable(params) else None
+    if first is not None and first.device.type == "cuda":
+        return torch.device(first.device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return None
+
+
+def reload_problem(reports: Sequence[Mapping[str, Any]], sent: int) -> Optional[str]:
+    """Why a streamed update did not reach the model, from the workers' ``ulorl_finish_update``
+    reports, or None (pure): a worker received another number of tensors than were sent, or some
+    layer got none of its weights (vLLM then keeps that layer's old weights, with a log line only)."""
+    for rank, r in enumerate(reports):
+        if int(r["tensors"]) != sent:
+            return f"vLLM worker {rank} received {r['tensors']} tensors of the {sent} sent"
+        if r["not_loaded"]:
+            names = list(r["not_loaded"])
+            more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+            return (f"vLLM worker {rank}: {len(names)} of {r['layers']} layers got none of their weights in this "
+                    f"update (vLLM keeps their old weights): {', '.join(names[:5])}{more}; the stream lacks them")
+    return None
+
+
 def _config_eos(model_dir: Path) -> Optional[int]:
     cfg_file = model_dir / "config.json"
     if not cfg_file.exists():
@@ -532,7 +641,7 @@ class VLLMEngine(EngineBase):
         tensor_parallel_size: int = 1,
         weight_sync_bucket_mb: float = DEFAULT_BUCKET_MB,
         weight_transfer: str = "stream",
-        weight_sync_transport: str = "shm",
+        weight_sync_transport: str = "auto",
         colocate: bool = False,
         hf_overrides: Optional[dict[str, Any]] = None,
         llm_kwargs: Optional[dict[str, Any]] = None,
@@ -580,17 +689,30 @@ class VLLMEngine(EngineBase):
         self.bucket_bytes = bucket_bytes_from_mb(weight_sync_bucket_mb)
         self.last_update_messages = 0      # RPC messages (buckets) of the last weight update
         self.last_update_bytes = 0         # tensor bytes of the last weight update
+        self.last_update_layers = 0        # layers with weights the last streamed update reloaded
+        self.last_update_partial: list[str] = []   # layers that got only part of their elements
         self.tensor_parallel_size = int(tensor_parallel_size)
         self.colocate = bool(colocate)
         self.asleep = False
         if weight_transfer not in WEIGHT_TRANSFERS:
             raise ValueError(f"rollout.weight_transfer must be one of {WEIGHT_TRANSFERS}, got {weight_transfer!r}")
         self.weight_transfer = weight_transfer
-        if weight_sync_transport not in ("shm", "inline"):
-            raise ValueError(f"weight_sync_transport must be 'shm' or 'inline', got {weight_sync_transport!r}")
-        self.weight_sync_transport = weight_sync_transport
         self._native: Optional[Any] = None
         self._llm: Any = None
+        # /dev/shm or inline buckets, decided before the engine starts (a full tmpfs is a SIGBUS, not an
+        # error); native transfer sends no bucket through either
+        self.requested_transport = weight_sync_transport
+        try:
+            self.weight_sync_transport = choose_weight_sync_transport(
+                weight_sync_transport, bucket_bytes=self.bucket_bytes,
+                largest_tensor_bytes=largest_weight_bytes(model_dir, dtype),
+                free_bytes=shm_free_bytes()) if weight_transfer == "stream" else "inline"
+        except ValueError:
+            self.close()
+            raise
+        if weight_transfer == "stream" and weight_sync_transport == "auto" and self.weight_sync_transport == "inline":
+            log.warning("weight sync: /dev/shm has %s MiB free, less than two buckets: buckets travel inline "
+                        "(rollout.weight_sync_transport=auto)", (shm_free_bytes() or 0) >> 20)
 
         on_cpu = current_platform.is_cpu()
         if on_cpu and self.colocate:
@@ -724,7 +846,7 @@ class VLLMEngine(EngineBase):
         stream to ``NativeWeightTransfer`` instead. Colocated engines wake their weights first and
         their KV cache after the load.
         """
-        if self.weight_transfer != "stream":   # two passes (metadata, send): hold this round's stream
+        if self.weight_transfer != "stream":   # a one-shot stream: its metadata is read off the held list
             items = list(named_tensors(weights))
             self.update_weights_from(lambda: iter(items), version)
             return
@@ -740,8 +862,9 @@ class VLLMEngine(EngineBase):
                 n = len(bucket)
                 sent += n
                 nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-                if self.weight_sync_transport == "shm":
-                    with SharedBucket(bucket) as shared:
+                shared = self._shared_bucket(bucket)
+                if shared is not None:
+                    with shared:
                         del bucket
                         got = llm.collective_rpc(BUCKET_METHOD, args=(shared.path,))
                 else:
@@ -753,13 +876,34 @@ class VLLMEngine(EngineBase):
                 if any(g != n for g in got):
                     raise RuntimeError(f"vLLM workers loaded {got} tensors of a bucket of {n}")
         finally:
-            loaded = llm.collective_rpc(FINISH_METHOD)
-        if any(n != sent for n in loaded):
-            raise RuntimeError(f"vLLM workers loaded {loaded} tensors, expected {sent}")
+            reports = llm.collective_rpc(FINISH_METHOD)
+        problem = reload_problem(reports, sent)
+        if problem:
+            raise RuntimeError(problem)
+        self.last_update_layers = int(reports[0]["layers"])
+        self.last_update_partial = sorted({n for r in reports for n in r["partial"]})
+        if self.last_update_partial:
+            log.warning("weight update %d: layers only partly loaded (padded, or weights missing): %s", version,
+                        ", ".join(self.last_update_partial[:8]))
         self.updated_to(version)
         self.last_update_messages = messages
         self.last_update_bytes = nbytes
         self.last_update_s = time.perf_counter() - t0
+
+    def _shared_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> Optional[SharedBucket]:
+        """The bucket as a /dev/shm file, or None to send it inline: ``auto`` moves to inline for good
+        when /dev/shm has filled up since the engine started; an explicit ``shm`` is refused."""
+        if self.weight_sync_transport != "shm":
+            return None
+        try:
+            return SharedBucket(bucket)
+        except SharedMemoryFull as exc:
+            if self.requested_transport != "auto":
+                raise ValueError(f"{exc}: set rollout.weight_sync_transport=inline (or auto), or lower "
+                                 f"rollout.weight_sync_bucket_mb") from exc
+            log.warning("weight sync: %s; buckets travel inline from now on (rollout.weight_sync_transport=auto)", exc)
+            self.weight_sync_transport = "inline"
+            return None
 
     def updated_to(self, version: int) -> None:
         """End of any weight update: a slept engine gets its KV cache back, the prefix cache (built
@@ -777,8 +921,9 @@ class VLLMEngine(EngineBase):
         """One weight update from ``stream_factory()`` (fresh full-weight streams, HF names).
 
         ``stream``: one stream, bucketed (``update_weights_streamed``). Native IPC (the engine in
-        this process, colocated on the trainer's GPU): vLLM's trainer-side sender here, reading the
-        stream twice (metadata, then the tensors moved to this process's CUDA device).
+        this process, colocated on the trainer's GPU): vLLM's trainer-side sender here, one stream
+        walked per update, its tensors handed over where the trainer holds them (this process's
+        CUDA device), the metadata read locally (``weight_source``).
         """
         if self.weight_transfer == "stream":
             self.update_weights_streamed(stream_factory(), version)
@@ -895,8 +1040,12 @@ class VLLMEngine(EngineBase):
             first = next(iter(params()), None) if callable(params) else None
             dtype = str(first.dtype).removeprefix("torch.") if first is not None else "auto"
         colocate = bool(getattr(rollout_cfg, "colocate", False))
-        problem = (shared_gpu_problem(model, colocate, rollout_cfg.vllm_gpu_memory_utilization)
-                   if in_trainer_process else None)
+        util = float(rollout_cfg.vllm_gpu_memory_utilization)
+        problem = shared_gpu_problem(model, colocate, util) if in_trainer_process else None
+        device = _cuda_device_of(model)
+        if problem is None and device is not None:   # before the engine starts: vLLM's own free-memory check
+            free, total = torch.cuda.mem_get_info(device)
+            problem = gpu_memory_problem(int(free), int(total), util, str(device), colocate)
         if problem:
             raise ValueError(problem)
         max_len = getattr(rollout_cfg, "engine_max_model_len", None) or (
@@ -920,6 +1069,7 @@ class VLLMEngine(EngineBase):
             tensor_parallel_size=tp,
             weight_sync_bucket_mb=getattr(rollout_cfg, "weight_sync_bucket_mb", DEFAULT_BUCKET_MB),
             weight_transfer=getattr(rollout_cfg, "weight_transfer", "stream"),
+            weight_sync_transport=getattr(rollout_cfg, "weight_sync_transport", "auto"),
             colocate=colocate,
             hf_overrides=rope_overrides(config) if source is not model else None,
             in_trainer_process=in_trainer_process,

@@ -173,12 +173,21 @@ class WeightSyncExtension:
         return self.model_runner.get_model()  # type: ignore[attr-defined]
 
     def ulorl_start_update(self) -> bool:
-        """Phase 1: wrap every layer's weight loaders for a layerwise in-place reload."""
+        """Phase 1: wrap every layer's weight loaders for a layerwise in-place reload; note the layers
+        that hold parameters (the ones an update must reach: not buffer-only layers such as rotary
+        caches, not attention layers, whose only parameters are KV-cache scales no update carries)."""
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+        from vllm.model_executor.layers.attention import is_deferred_attention_layer
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO, initialize_layerwise_reload
 
+        model = self._ulorl_model()
         with set_current_vllm_config(self.vllm_config), torch.no_grad():  # type: ignore[attr-defined]
-            initialize_layerwise_reload(self._ulorl_model())
+            initialize_layerwise_reload(model)
+        # a layer's checkpoint-format parameters, as vLLM recorded them for reloading (restore_metadata:
+        # (parameters, buffers) on meta); a CPU build's processed linear layers hold no Parameter any more
+        self._ulorl_layers = {id(m): name for name, m in model.named_modules()
+                              if (info := LAYERWISE_INFO.get(m)) is not None and info.restore_metadata[0]
+                              and not is_deferred_attention_layer(m)}
         self._ulorl_loaded = 0
         return True
 
@@ -193,15 +202,37 @@ class WeightSyncExtension:
         self._ulorl_loaded = getattr(self, "_ulorl_loaded", 0) + len(named)
         return len(named)
 
-    def ulorl_finish_update(self) -> int:
-        """Phase 3: process layers still pending; returns the tensors loaded since phase 1."""
+    def ulorl_finish_update(self) -> dict[str, Any]:
+        """Phase 3: process layers still pending; report what the MODEL took, not what was sent.
+
+        Returns ``{"tensors": tensors received since phase 1, "layers": layers with parameters,
+        "not_loaded": [those none of whose weights arrived], "partial": [those only part of whose
+        elements arrived]}``, read from vLLM's own layerwise bookkeeping (``LAYERWISE_INFO``) before
+        finalising: a layer processed during the load has been reset (complete); one still pending has
+        ``load_numel`` of ``load_numel_total`` elements. vLLM finalises a layer with nothing loaded by
+        putting its OLD weights back, with a log warning only, and processes a partial one with the rest
+        uninitialised (``finalize_layerwise_processing``). A padded layer (vocabulary rounded up) is
+        partial by design.
+        """
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO, finalize_layerwise_reload
 
         vcfg = self.vllm_config  # type: ignore[attr-defined]
+        model = self._ulorl_model()
+        layers: dict[int, str] = getattr(self, "_ulorl_layers", {})
+        not_loaded, partial = [], []
+        for m in model.modules():
+            info = LAYERWISE_INFO.get(m)
+            if id(m) not in layers or info is None or not info.can_load() or not info.load_numel_total:
+                continue   # processed during the load (complete), or nothing to load
+            if info.load_numel == 0:
+                not_loaded.append(layers[id(m)])
+            elif info.load_numel < info.load_numel_total:
+                partial.append(layers[id(m)])
         with set_current_vllm_config(vcfg), torch.no_grad():
-            finalize_layerwise_reload(self._ulorl_model(), vcfg.model_config)
-        return int(getattr(self, "_ulorl_loaded", 0))
+            finalize_layerwise_reload(model, vcfg.model_config)
+        return {"tensors": int(getattr(self, "_ulorl_loaded", 0)), "layers": len(layers),
+                "not_loaded": not_loaded, "partial": partial}
 
     def ulorl_malloc_trim(self) -> bool:
         return malloc_trim()

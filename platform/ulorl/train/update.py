@@ -30,6 +30,7 @@ from ulorl.rollout.types import Sample
 from ulorl.tracking.schema import NONFINITE_GRAD_METRIC
 from ulorl.train.backend import TrainBackend
 from ulorl.train.batch import TrainBatch, build_train_batch, rows_over_cap
+from ulorl.train.entropy_proxy import proxy_metrics
 from ulorl.train.forward import autocast_ctx, current_token_stats, forward_logits, token_stats
 from ulorl.train.parallel import LocalParallel, ParallelOps
 from ulorl.train.sequence_parallel import check_sp_loss_agg
@@ -191,6 +192,9 @@ def prepare_update(samples: list[Sample], ctx: UpdateContext) -> PreparedUpdate 
             "train/adv_abs_mean": float(adv.abs().mean()),
         }
     )
+    # where the entropy goes, per token class (docs/entropy.md): the two proxies, from this pass alone
+    metrics.update(proxy_metrics(cur_lp, adv, resp, ent, loss_mask | acted if control.action == "mask" else loss_mask,
+                                 algo.mpt.tau))
     kl_tokens = acted if control.action == "kl" else None
     return PreparedUpdate(kept, batch, adv, old_lp, loss_mask | acted if control.action == "mask" else loss_mask,
                           metrics, kl_tokens)

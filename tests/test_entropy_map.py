@@ -34,3 +34,20 @@ def test_share_by_tau_is_the_ratio_of_sums_over_probed_steps():
     assert row["entropy"]["start"] == pytest.approx(0.485) and row["probed_steps"] == [2, 4]
     assert sum(row["bins"]["sgd"]["pos"].values()) + sum(row["bins"]["sgd"]["neg"].values()) == pytest.approx(-0.1)
     assert "| configuration |" in summary_table([{"label": "x", **row}])
+
+
+def test_paired_final_entropy_pairs_by_seed_and_applies_the_criterion():
+    from ulorl.bench.entropy_map import paired_final_entropy
+
+    def row(variant, seed, final):
+        return {"variant": variant, "seed_offset": seed, "entropy": {"values": [0.9] * 5 + [final] * 10}}
+
+    rows = [row("off", s, 0.20 + 0.01 * s) for s in range(4)] + [row("static", s, 0.30 + 0.012 * s) for s in range(4)]
+    rows.append(row("static", 9, 1.0))     # no partner: left out
+    out = paired_final_entropy(rows, "static", "off")
+    assert out["seeds"] == [0, 1, 2, 3]
+    assert out["diffs"] == pytest.approx([0.10, 0.102, 0.104, 0.106])
+    assert out["mean"] == pytest.approx(0.103) and out["t95"][0] < 0.103 < out["t95"][1]
+    assert out["mde"] < 0.01 and out["beyond_2_mde"] is True
+    few = paired_final_entropy(rows[:2] + rows[4:6], "static", "off")
+    assert "mean" not in few and "2 seed" in few["why"]

@@ -40,7 +40,8 @@ from typing import Any, Optional
 from ulorl.algo.entropy_decomp import CLASSES, MPT_CLASS, P_EDGES, agreement
 from ulorl.jsonout import emit_json, json_command
 
-__all__ = ["TAUS", "WINDOW", "main", "summarize_trial"]
+__all__ = ["FINAL_WINDOW", "TAUS", "WINDOW", "final_entropy", "main", "paired_final_entropy", "plot_map",
+           "summarize_trial", "summary_table"]
 
 TAUS = (0.8, 0.85, 0.9, 0.95, 0.99)
 WINDOW = 5   # update steps averaged for the start / end entropy of a short run
@@ -231,6 +232,75 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+FINAL_WINDOW = 10   # "final entropy": mean train/entropy of a run's last 10 logged steps (as ulorl.report.claims)
+
+
+def final_entropy(row: dict[str, Any]) -> float:
+    values = row.get("entropy", {}).get("values", [])
+    tail = values[-FINAL_WINDOW:]
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def paired_final_entropy(rows: Sequence[dict[str, Any]], arm_a: str, arm_b: str) -> dict[str, Any]:
+    """Final entropy of variant ``arm_a`` minus ``arm_b``, paired by seed offset: the per-seed
+    differences, their mean, the 95 % t-interval and the minimum detectable effect
+    (``ulorl.eval.paired``), and whether |mean| > 2 MDE (the regime criterion of docs/entropy.md)."""
+    from ulorl.eval.paired import mde_seeds, seed_interval_usable, t_interval
+
+    a = {r["seed_offset"]: final_entropy(r) for r in rows if r.get("variant") == arm_a}
+    b = {r["seed_offset"]: final_entropy(r) for r in rows if r.get("variant") == arm_b}
+    seeds = sorted(set(a) & set(b))
+    diffs = [a[s] - b[s] for s in seeds]
+    out: dict[str, Any] = {"a": arm_a, "b": arm_b, "seeds": seeds, "diffs": diffs,
+                           "final_a": [a[s] for s in seeds], "final_b": [b[s] for s in seeds]}
+    usable, why = seed_interval_usable(diffs)
+    if not usable:
+        out["why"] = why
+        return out
+    mean, lo, hi = t_interval(diffs)
+    mde = mde_seeds(diffs)
+    out.update({"mean": mean, "t95": [lo, hi], "mde": mde,
+                "beyond_2_mde": mde is not None and abs(mean) > 2 * mde})
+    return out
+
+
+def plot_map(rows: Sequence[dict[str, Any]], path: str | Path, geometry: str = "adam") -> None:
+    """Two panels: the MPT share of the run's first-order entropy change against tau, one line per
+    configuration (``geometry``'s terms); the summed terms by advantage sign and p bin of each
+    configuration (bars), which show where the change comes from and how the signs cancel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "share" in r]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for r in rows:
+        ys = [100 * r["share"][geometry][f"{t:g}"] for t in TAUS]
+        ax1.plot(TAUS, ys, marker="o", label=r["label"].replace(" seed+0", ""))
+    ax1.axhline(20, color="grey", linestyle=":", linewidth=1)
+    ax1.set_xlabel("tau (MPT: positive advantage, p >= tau)")
+    ax1.set_ylabel(f"MPT share of the entropy change, % ({geometry})")
+    ax1.set_title("MPT share of the first-order entropy change over the run")
+    ax1.legend(fontsize=7)
+    keys = list(rows[0]["bins"][geometry]["pos"]) if rows else []
+    width = 0.8 / max(1, len(rows))
+    for i, r in enumerate(rows):
+        b = r["bins"][geometry]
+        total = sum(abs(v) for s in ("pos", "neg") for v in b[s].values()) or 1.0
+        xs = [k + i * width for k in range(len(keys))]
+        ax2.bar(xs, [100 * b["pos"][k] / total for k in keys], width, color=f"C{i}")
+        ax2.bar(xs, [100 * b["neg"][k] / total for k in keys], width, color=f"C{i}", alpha=0.45)
+    ax2.axhline(0, color="black", linewidth=0.6)
+    ax2.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))], keys, rotation=30, fontsize=8)
+    ax2.set_xlabel("p of the sampled token (solid: A > 0, light: A <= 0)")
+    ax2.set_ylabel("% of the summed |terms|")
+    ax2.set_title("Where the change comes from, by p bin (negative = entropy falls)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 @json_command
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
@@ -242,15 +312,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--workdir", default="runs/entropy_map", help="run folders and the MLflow store of the trials")
     p.add_argument("--only", default="", help="comma-separated variant names to run (default: all)")
     p.add_argument("--summary", action="store_true", help="print the table of --out and stop")
+    p.add_argument("--plot", help="with --summary: also draw the map (PNG) of --out's rows with a probe")
+    p.add_argument("--pair", help="with --summary: 'A,B' = variant A's final entropy minus B's, paired by seed")
     p.add_argument("--json", action="store_true", help="with --summary: the rows as one JSON object")
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.summary:
         rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
+        pair = paired_final_entropy(rows, *args.pair.split(",", 1)) if args.pair else None
+        if args.plot:
+            plot_map(rows, args.plot)
         if args.json:
-            emit_json({"rows": rows})
-        else:
-            print(summary_table(rows))
+            emit_json({"rows": rows, "pair": pair})
+            return 0
+        print(summary_table(rows))
+        if pair is not None:
+            print(json.dumps(pair, indent=1))
         return 0
     if not args.sweep:
         p.error("give a sweep spec (or --summary)")

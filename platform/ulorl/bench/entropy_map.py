@@ -214,19 +214,24 @@ def _fmt(x: Optional[float], pct: bool = False) -> str:
 
 
 def summary_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Markdown table of map rows: entropy start / end, the MPT share at each tau (AdamW and SGD
-    geometry), the MPT token share at tau 0.9, and the trial's CPU seconds."""
-    head = ("| configuration | entropy start -> end | " + " | ".join(f"share tau {t:g} (Adam / SGD)" for t in TAUS)
-            + " | MPT tokens @0.9 | CPU s |")
-    lines = [head, "|" + "---|" * (4 + len(TAUS))]
+    """Markdown table of map rows: entropy start -> end (first / last ``WINDOW`` steps), the net of the
+    class terms over their gross (Adam), the MPT share at each tau (Adam), at tau 0.9 / 0.99 (SGD), the
+    gross MPT share at tau 0.8 (Adam), the MPT token share at tau 0.99 / 0.8, and the trial's CPU s."""
+    head = ("| configuration | entropy start -> end | net / gross | " + " | ".join(f"share {t:g}" for t in TAUS)
+            + " | SGD share 0.9 / 0.99 | gross share 0.8 | MPT tokens 0.99 / 0.8 | CPU s |")
+    lines = [head, "|" + "---|" * (7 + len(TAUS))]
     for r in rows:
         e = r.get("entropy", {})
-        cells = [r["label"], f"{_fmt(e.get('start'))} -> {_fmt(e.get('end'))}"]
-        for t in TAUS:
-            sh = r.get("share", {})
-            adam, sgd = sh.get("adam", {}).get(f"{t:g}"), sh.get("sgd", {}).get(f"{t:g}")
-            cells.append(f"{_fmt(adam, True)} / {_fmt(sgd, True)}")
-        cells.append(_fmt(r.get("token_share", {}).get("0.9"), True))
+        cells = [r["label"].replace(" seed+0", ""), f"{_fmt(e.get('start'))} -> {_fmt(e.get('end'))}"]
+        adam = r.get("classes", {}).get("adam", {})
+        gross = math.fsum(abs(v) for v in adam.values())
+        cells.append(_fmt(math.fsum(adam.values()) / gross if gross else None))
+        sh, sgd = r.get("share", {}).get("adam", {}), r.get("share", {}).get("sgd", {})
+        cells += [_fmt(sh.get(f"{t:g}"), True) for t in TAUS]
+        cells.append(f"{_fmt(sgd.get('0.9'), True)} / {_fmt(sgd.get('0.99'), True)}")
+        cells.append(_fmt(r.get("share_gross", {}).get("adam", {}).get("0.8"), True))
+        ts = r.get("token_share", {})
+        cells.append(f"{_fmt(ts.get('0.99'), True)} / {_fmt(ts.get('0.8'), True)}")
         cells.append(f"{r.get('cost', {}).get('cpu_s', float('nan')):.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

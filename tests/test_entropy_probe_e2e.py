@@ -43,5 +43,5 @@ def test_probe_metrics_land_at_probed_update_steps(tmp_path):
         predicted = hist("entropy/exact/adam/total")[step] + hist(schema.ENTROPY_CARRY_METRIC)[step]
         realized = hist(schema.ENTROPY_REALIZED_METRIC)[step]
         # a small AdamW step (lr 2e-5; its first steps move every weight by ~lr): first order holds to 25 %
-        # (at lr 5e-4 the first steps' prediction was off by up to 2x: docs/entropy.md)
+        # (at lr 5e-4 the first steps' prediction was off by up to 2x: platform/ulorl/docs/entropy.md)
         assert abs(realized - predicted) <= 0.25 * abs(realized) + 1e-5, (step, predicted, realized)

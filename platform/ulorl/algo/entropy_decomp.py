@@ -34,7 +34,7 @@ For a softmax with free logits (tabular) and a sampled token of probability p, t
 ``-(A / T^2) [p (lp + H) - sum_k p_k^2 (log p_k + H)]``; with the rest of the mass q = 1 - p on
 one token it is ``-(A / T^2) q [p (lp + H) - q (log q + H)]``, of order q^2 log(1/q) as q -> 0. The
 batch-centred covariance keeps ``lp - mean lp ~ -mean lp`` for such a token instead: it gives MPTs
-a share the exact form does not (docs/entropy.md measures both).
+a share the exact form does not (platform/ulorl/docs/entropy.md measures both).
 
 Shapes: B x T = samples x response positions (the trainer's [B, L-1] frame); per-token tensors are
 Float[B, T] with 0 off the response.

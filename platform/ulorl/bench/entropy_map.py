@@ -249,7 +249,7 @@ def final_entropy(row: dict[str, Any]) -> float:
 def paired_final_entropy(rows: Sequence[dict[str, Any]], arm_a: str, arm_b: str) -> dict[str, Any]:
     """Final entropy of variant ``arm_a`` minus ``arm_b``, paired by seed offset: the per-seed
     differences, their mean, the 95 % t-interval and the minimum detectable effect
-    (``ulorl.eval.paired``), and whether |mean| > 2 MDE (the regime criterion of docs/entropy.md)."""
+    (``ulorl.eval.paired``), and whether |mean| > 2 MDE (the regime criterion of platform/ulorl/docs/entropy.md)."""
     from ulorl.eval.paired import mde_seeds, seed_interval_usable, t_interval
 
     a = {r["seed_offset"]: final_entropy(r) for r in rows if r.get("variant") == arm_a}

@@ -29,6 +29,7 @@ Tools with their own flags (everything after the name goes to the tool; ``ulorl-
   gpu-wheels      fetch the wheels gpu-check needs on a machine without network (ulorl.bench.gpu_wheels)
   reward-cost     per-item reward cost, main thread vs scorer workers (ulorl.bench.reward_cost)
   entropy-effect  first-order entropy change per token class of one update (ulorl.bench.entropy_effect)
+  entropy-map     the entropy map: a grid sweep's runs with the exact probe, MPT share by tau (ulorl.bench.entropy_map)
   fill-effect     algo.dynamic_sampling_fill off vs on: time per step, learning signal (ulorl.bench.fill_effect)
   sp-memory       per-rank activation memory, SP = 1 vs N, under torch.distributed.run (ulorl.bench.sp):
                   ulorl-bench sp-memory --nproc 2 --seq-len 8192
@@ -61,6 +62,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "gpu-wheels": ("ulorl.bench.gpu_wheels", "fetch the wheels gpu-check needs on a machine without network"),
     "reward-cost": ("ulorl.bench.reward_cost", "per-item reward cost: main thread vs RewardScorer workers"),
     "entropy-effect": ("ulorl.bench.entropy_effect", "first-order entropy change per token class of one update"),
+    "entropy-map": ("ulorl.bench.entropy_map", "MPT share of the entropy change over a grid sweep's runs"),
     "fill-effect": ("ulorl.bench.fill_effect", "algo.dynamic_sampling_fill off vs on: time per step, signal"),
 }
 # subcommand -> (module run under torch.distributed.run, run by file path?, help line)

@@ -82,7 +82,7 @@ SKIPPED_METRIC = "train/skipped"
 # left out of the loss); 0 with mode off. train/masked_frac stays the MPT / DMMPT mask alone.
 ENTROPY_CONTROL_METRIC = "train/entropy_control_frac"
 
-# Where the entropy goes (ulorl.algo.entropy_decomp, docs/entropy.md): the first-order change of the mean
+# Where the entropy goes (ulorl.algo.entropy_decomp, platform/ulorl/docs/entropy.md): the first-order change of the mean
 # token entropy, split by token class = advantage sign x probability bucket of the sampled token at
 # algo.mpt.tau (pos_high = the MPTs; mid: 0.5 <= p < tau; low: p < 0.5), the trained tokens per class,
 # "masked" (the terms the loss mask removed), "total" (sum of the classes: the applied update),

@@ -192,7 +192,7 @@ def prepare_update(samples: list[Sample], ctx: UpdateContext) -> PreparedUpdate 
             "train/adv_abs_mean": float(adv.abs().mean()),
         }
     )
-    # where the entropy goes, per token class (docs/entropy.md): the two proxies, from this pass alone
+    # where the entropy goes, per token class (platform/ulorl/docs/entropy.md): the two proxies, from this pass alone
     metrics.update(proxy_metrics(cur_lp, adv, resp, ent, loss_mask | acted if control.action == "mask" else loss_mask,
                                  algo.mpt.tau))
     kl_tokens = acted if control.action == "kl" else None

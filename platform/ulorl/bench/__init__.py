@@ -13,5 +13,6 @@ production code they measure. Each tool also runs as ``python -m ulorl.bench.<mo
     gpu_check       GPU validation run (+ gpu_wheels)            ulorl-bench gpu-check / gpu-wheels
     traffic         control traffic of a 2-rank DeepSpeed run    ulorl-bench traffic
     entropy_effect  entropy change per token class of an update  ulorl-bench entropy-effect
+    entropy_map     MPT share of the entropy change, over runs    ulorl-bench entropy-map
     fill_effect     dynamic-sampling fill off vs on              ulorl-bench fill-effect
 """

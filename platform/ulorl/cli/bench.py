@@ -37,6 +37,8 @@ Tools with their own flags (everything after the name goes to the tool; ``ulorl-
                   side by side with the shipped build (ulorl.bench.warmstart_rebuild)
   native-sync     ZeRO-3 gathers, copies and broadcast bytes of one native NCCL weight update to N engines
                   (vLLM side venv; ulorl.bench.native_sync): ulorl-bench native-sync --engines 1,4
+  peer            ulorl side by side with TRL's GRPOTrainer at equal settings, interleaved; needs the 'peer'
+                  extra for TRL (ulorl.bench.peer): ulorl-bench peer --steps 12 --repeats 2 --out peer.json
   sp-memory       per-rank activation memory, SP = 1 vs N, under torch.distributed.run (ulorl.bench.sp):
                   ulorl-bench sp-memory --nproc 2 --seq-len 8192
   traffic         control-traffic bytes per update of a 2-rank DeepSpeed run, under torch.distributed.run,
@@ -73,6 +75,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "learning-signal": ("ulorl.bench.learning_signal", "cohort reward rise and held-out avg@k over seeds (real runs)"),
     "warmstart-rebuild": ("ulorl.bench.warmstart_rebuild", "rebuild the embedded warm start from scratch, check it"),
     "native-sync": ("ulorl.bench.native_sync", "ZeRO-3 gathers / copies / broadcasts of one native NCCL weight update"),
+    "peer": ("ulorl.bench.peer", "ulorl vs TRL's GRPOTrainer at equal settings: time, samples/s, memory, score"),
 }
 # subcommand -> (module run under torch.distributed.run, run by file path?, help line)
 DISTRIBUTED_TOOLS: dict[str, tuple[str, bool, str]] = {

@@ -102,29 +102,52 @@ def row_lengths(batch: TrainBatch) -> list[int]:
     return [p + r for p, r in zip(batch.prompt_lens, batch.response_lens)]
 
 
-def micro_batches(batch: TrainBatch, token_budget: int) -> list[list[int]]:
+#: what one more micro-batch costs besides its tokens, counted in padded tokens: the fixed overhead of
+#: a forward + backward call (on a CPU about a hundred tokens of the tiny model's work; a GPU's larger
+#: launch overhead is still small next to one long row)
+MICRO_BATCH_OVERHEAD_TOKENS = 128
+
+
+def micro_batches(batch: TrainBatch, token_budget: int,
+                  overhead_tokens: int = MICRO_BATCH_OVERHEAD_TOKENS) -> list[list[int]]:
     """Split rows into micro-batches whose padded size (rows x longest row) stays within budget.
 
-    Rows are taken in order of length (sorted length buckets), so padding is small. A single row
-    longer than the budget cannot be split here: it forms a micro-batch of its own (see
-    ``rows_over_cap``; sequence parallelism is what splits such a row).
+    Rows are taken in order of length (sorted length buckets) and cut where the padded tokens plus
+    ``overhead_tokens`` per micro-batch are smallest (``padding_plan``): a batch of long-tailed
+    responses is not padded to its long rows' length, where a first-fit split filled one
+    micro-batch with short rows padded to the longest that still fit. A single row longer than the
+    budget cannot be split here: it forms a micro-batch of its own (see ``rows_over_cap``; sequence
+    parallelism is what splits such a row).
     """
     lengths = row_lengths(batch)
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    out: list[list[int]] = []
-    cur: list[int] = []
-    cur_max = 0
-    for i in order:
-        new_max = max(cur_max, lengths[i])
-        if cur and new_max * (len(cur) + 1) > token_budget:
-            out.append(cur)
-            cur, cur_max = [], 0
-            new_max = lengths[i]
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        out.append(cur)
-    return out
+    plan = padding_plan([lengths[i] for i in order], token_budget, overhead_tokens)
+    return [order[a:b] for a, b in plan]
+
+
+def padding_plan(sorted_lengths: list[int], token_budget: int, overhead_tokens: int) -> list[tuple[int, int]]:
+    """Cut ascending ``sorted_lengths`` into runs ``[a, b)`` minimising the sum over runs of
+    ``(b - a) * sorted_lengths[b - 1] + overhead_tokens`` (padded tokens plus a per-run cost), each run
+    within ``token_budget`` padded tokens unless it is one row. Exact (dynamic programming over the
+    cut points; the runs of an optimal split of sorted lengths are contiguous)."""
+    n = len(sorted_lengths)
+    best = [0] + [-1] * n          # best[b]: least cost of rows [0, b)
+    cut = [0] * (n + 1)            # cut[b]: start of the last run of that split
+    for b in range(1, n + 1):
+        longest = sorted_lengths[b - 1]
+        for a in range(b - 1, -1, -1):
+            rows = b - a
+            if rows > 1 and rows * longest > token_budget:
+                break
+            cost = best[a] + rows * longest + overhead_tokens
+            if best[b] < 0 or cost < best[b]:
+                best[b], cut[b] = cost, a
+    runs: list[tuple[int, int]] = []
+    b = n
+    while b > 0:
+        runs.append((cut[b], b))
+        b = cut[b]
+    return runs[::-1]
 
 
 def rows_over_cap(batch: TrainBatch, token_budget: int) -> list[int]:

@@ -6,7 +6,7 @@ production code they measure. Each tool also runs as ``python -m ulorl.bench.<mo
     rollout         segment rollout, S x batching regime         ulorl-bench rollout
     weight_sync     trainer -> engine weight sync                ulorl-bench weight-sync
     memory          one training micro-step on a long row        ulorl-bench memory
-    zero3           ZeRO-3 parameter memory per rank             ulorl-bench zero3-memory
+    zero3           ZeRO-3 memory per rank (+ zero3_gathers)     ulorl-bench zero3-memory
     sp              activation memory per rank, SP = 1 vs N      ulorl-bench sp-memory
     verifier        reward verifier vs labelled responses        ulorl-bench verifier
     reward_cost     per-item reward cost                         ulorl-bench reward-cost

@@ -1,4 +1,4 @@
-"""Rollout cost simulator (ulorl.report.simulator) and the ulorl-sim CLI."""
+"""Rollout cost simulator (ulorl.sim.simulator) and the ulorl-sim CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ulorl.cli import sim as cli
-from ulorl.report.simulator import (
+from ulorl.sim.simulator import (
     CostModel,
     EmpiricalLengths,
     LogNormalLengths,
@@ -19,7 +19,7 @@ from ulorl.report.simulator import (
     load_lengths,
     simulate,
 )
-from ulorl.report.sim_studies import run_paper, run_plan, run_validate, synthetic_bench
+from ulorl.sim.studies import run_paper, run_plan, run_validate, synthetic_bench
 
 TRUTH = CostModel(a=8.0, b=0.05, c=2e-4, p=0.01, o=40.0)
 
@@ -201,7 +201,7 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
 
 
 def test_decode_features_partial_compaction_hand_worked():
-    from ulorl.report.simulator import decode_features
+    from ulorl.sim.simulator import decode_features
 
     n, e = np.array([5, 3, 1, 1]), np.array([10, 10, 10, 10])
     # static: 4 rows x 5 iterations; contexts 10..14
@@ -218,13 +218,13 @@ def test_engine_and_simulator_share_one_torch_free_plan_buckets():
     import subprocess
     import sys
 
-    from ulorl.report import simulator
+    from ulorl.sim import simulator
     from ulorl.rollout import buckets
     from ulorl.rollout.engines import hf
 
     assert simulator.plan_buckets is buckets.plan_buckets is hf.plan_buckets
     assert buckets.plan_buckets([10] * 5 + [300] * 5, 32) == [(0, 5), (5, 10)]
-    code = "import sys, ulorl.rollout.buckets, ulorl.report.simulator; assert 'torch' not in sys.modules"
+    code = "import sys, ulorl.rollout.buckets, ulorl.sim.simulator; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

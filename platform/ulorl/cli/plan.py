@@ -222,8 +222,8 @@ def predict_step_times(cfg: ExperimentConfig, segment_counts: tuple[int, ...] = 
     budget and batch, with the paper-like length law (80 % of responses within half the max).
     It is an extrapolation for GPU runs; for CPU runs measure with ``ulorl-bench rollout``.
     """
-    from ulorl.report.sim_studies import paper_lengths, run_paper
-    from ulorl.report.simulator import CostModel, RolloutSetup, evaluate, simulate
+    from ulorl.sim.simulator import CostModel, RolloutSetup, evaluate, simulate
+    from ulorl.sim.studies import paper_lengths, run_paper
 
     r = cfg.rollout
     if r.max_response_len < 4096:

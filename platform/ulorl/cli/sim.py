@@ -1,4 +1,4 @@
-"""``ulorl-sim`` — what does segment count S buy? (``ulorl.report.simulator`` / ``sim_studies``)
+"""``ulorl-sim`` — what does segment count S buy? (``ulorl.sim.simulator`` / ``studies``)
 
     ulorl-sim validate BENCH.json          fit on a bench's cost curve + S=1 rows, predict the rest
     ulorl-sim paper                        the paper's Table 1 setting (64k, 128 x 8, flat GPU cost)
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.jsonout import emit_json, json_command
-from ulorl.report import sim_studies as studies
-from ulorl.report import simulator as sim
+from ulorl.sim import simulator as sim
+from ulorl.sim import studies
 
 
 class UsageError(ValueError):

@@ -1,4 +1,4 @@
-"""The three questions ``ulorl-sim`` answers, on top of ``ulorl.report.simulator``.
+"""The three questions ``ulorl-sim`` answers, on top of ``ulorl.sim.simulator``.
 
 * ``run_validate(bench)`` — check (a): fit the cost model on a ``ulorl-bench rollout --json``
   output's cost curve and S = 1 rows only, predict every other (S, regime) row;
@@ -18,7 +18,7 @@ from typing import Any, Literal, Optional
 
 import numpy as np
 
-from ulorl.report.simulator import (
+from ulorl.sim.simulator import (
     ContextMode,
     CostModel,
     EmpiricalLengths,

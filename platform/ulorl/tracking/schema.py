@@ -24,6 +24,10 @@ Sweep parent runs (``ulorl-sweep``): tags ulorl.kind=sweep, ulorl.sweep=<yaml st
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from typing import Any, Optional
+
 KIND_TAG = "ulorl.kind"
 EXPERIMENT_TAG = "ulorl.experiment"
 PAPER_REF_TAG = "ulorl.paper_ref"
@@ -181,6 +185,60 @@ SAMPLE_RECORD_FIELDS: tuple[str, ...] = (
                          # masking entropy control: algo.entropy_control clip_cov / high_entropy_minority, or
                          # a rollout correction's rejection: algo.rollout_correction token_mis / seq_mis / icepop)
 )
+
+
+def per_problem_artifact(bench: str, step: Optional[int] = None) -> str:
+    """Artifact path of the per-problem CSV: ``eval/<bench>_per_problem.csv`` for an eval run;
+    ``eval/<bench>_per_problem_step_<NNNNNN>.csv`` for a periodic eval inside a training run."""
+    return f"eval/{bench}_per_problem.csv" if step is None else f"eval/{bench}_per_problem_step_{step:06d}.csv"
+
+
+PER_PROBLEM_STEP_RE = re.compile(r"eval/(.+)_per_problem_step_(\d+)\.csv")
+
+
+def per_problem_steps(paths: Iterable[str]) -> list[tuple[str, int]]:
+    """(bench, step) of every periodic per-problem CSV among artifact ``paths``, in their order."""
+    out = []
+    for p in paths:
+        m = PER_PROBLEM_STEP_RE.fullmatch(p)
+        if m:
+            out.append((m.group(1), int(m.group(2))))
+    return out
+
+
+def last_per_problem_artifact(paths: Iterable[str], bench: str) -> Optional[str]:
+    """The artifact path of the last periodic per-problem CSV of ``bench`` among ``paths``; None when none."""
+    steps = [st for b, st in per_problem_steps(paths) if b == bench]
+    return per_problem_artifact(bench, max(steps)) if steps else None
+
+
+# Params are logged as strings; the readers turn them back into numbers here.
+def int_param(value: Any) -> Optional[int]:
+    """A logged param as an int (``"4"``, ``"4.0"`` -> 4); None when absent or not a number."""
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def float_param(value: Any) -> Optional[float]:
+    """A logged param as a float; None when absent or not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def typed_param(text: Any) -> Any:
+    """A param as logged (a string) back to a number where it is one: ``"0.0931234" -> 0.0931234``."""
+    if not isinstance(text, str):
+        return text
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
 
 
 def eval_metric(bench: str, name: str) -> str:

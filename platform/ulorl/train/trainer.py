@@ -26,7 +26,7 @@ import torch
 
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
 from ulorl.eval.final import final_bench, final_items
-from ulorl.eval.runner import evaluate, per_problem_artifact, split_result
+from ulorl.eval.runner import evaluate, split_result
 from ulorl.reward import RewardScorer
 from ulorl.reward.judge import judge_from_config
 from ulorl.rollout.engine_config import engine_rollout_config, prompt_budget
@@ -488,7 +488,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         for part in parts:   # the whole set, then its selection / confirmation parts (eval.select_problems)
             if self.tracker is not None:
-                self.tracker.log_text(part.per_problem_csv(), per_problem_artifact(part.bench, self.step))
+                self.tracker.log_text(part.per_problem_csv(), schema.per_problem_artifact(part.bench, self.step))
             metrics.update(part.metrics())
         return metrics
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ulorl.cli import sim as cli
+from ulorl.report import paper
 from ulorl.sim.simulator import (
     CostModel,
     EmpiricalLengths,
@@ -96,7 +97,7 @@ def test_validate_predicts_within_tolerance_from_sampled_lengths():
 
 
 def test_paper_fit_is_exact_on_s1_s2_and_predicts_s4():
-    out = run_paper(steps=20)
+    out = run_paper(paper.table1_by_segments(), steps=20)
     rows = {r["segments"]: r for r in out["rows"]}
     for s, t in ((1, 1240.0), (2, 774.0)):
         assert rows[s]["predicted_step_s"] == pytest.approx(t, rel=1e-9)
@@ -218,9 +219,9 @@ def test_engine_and_simulator_share_one_torch_free_plan_buckets():
     import subprocess
     import sys
 
-    from ulorl.sim import simulator
     from ulorl.rollout import buckets
     from ulorl.rollout.engines import hf
+    from ulorl.sim import simulator
 
     assert simulator.plan_buckets is buckets.plan_buckets is hf.plan_buckets
     assert buckets.plan_buckets([10] * 5 + [300] * 5, 32) == [(0, 5), (5, 10)]

@@ -132,27 +132,15 @@ def find_hints(roots: Optional[list[Path]] = None) -> dict[str, str]:
 # ----------------------------------------------------------------------------- Table 1
 
 
-def _find_run_paper() -> Optional[Callable[..., dict[str, Any]]]:
-    """``run_paper`` of the simulator's studies (``ulorl.sim.studies``); None when it cannot be loaded."""
-    import importlib
-
-    try:
-        fn = getattr(importlib.import_module("ulorl.sim.studies"), "run_paper", None)
-    except ImportError:
-        return None
-    return fn if callable(fn) else None
-
-
 def simulator_table1(segments: list[int]) -> Optional[dict[int, tuple[float, bool]]]:
     """Paper-scale seconds/step per segment count from the rollout simulator's ``run_paper`` (the
     static regime, flat per-iteration cost fitted exactly to the paper's S = 1 and S = 2 times):
     ``{S: (seconds, fitted)}`` where ``fitted`` marks the two calibration points. None when the
     simulator is not available."""
-    run_paper = _find_run_paper()
-    if run_paper is None:
-        return None
+    from ulorl.sim.studies import run_paper
+
     try:
-        res = run_paper(segments=tuple(segments))
+        res = run_paper(paper.table1_by_segments(), segments=tuple(segments))
     except Exception:  # noqa: BLE001 -- a simulator failure must not break the tables
         return None
     return {int(r["segments"]): (float(r["predicted_step_s"]), bool(r.get("fitted_on"))) for r in res["rows"]}

@@ -121,7 +121,7 @@ def test_cli_json_is_one_object_with_the_schema(tiny_model_dir, capsys):
         assert sorted(r["lengths"]) == sorted(g) and len(r["lcp"]) == len(g) - 1
         assert all(0 <= x <= min(a, b) for x, a, b in zip(r["lcp"], r["lengths"], r["lengths"][1:]))
         assert 0 <= r["prompt"] < len(out["prefix_prompts"])
-    from ulorl.report.simulator import parse_lengths
+    from ulorl.sim.simulator import parse_lengths
     assert parse_lengths(out, "bench").has_prefix_structure       # the simulator reads it back
     assert "warm-up" in cap.err and "cost curve" in cap.err   # progress on stderr
     text = format_report(out)

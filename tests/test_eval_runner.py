@@ -21,7 +21,6 @@ from ulorl.eval.runner import (
     evaluate,
     log_eval_result,
     pass_ks,
-    per_problem_artifact,
     summarize,
 )
 from ulorl.models.tokenizer import build_tokenizer
@@ -152,7 +151,7 @@ def test_logged_to_mlflow_exactly(result, tmp_path: Path) -> None:
     assert "eval/scripted/response_len_mean" in m
     t = got.data.tags
     assert (t[schema.KIND_TAG], t[schema.BENCHMARK_TAG], t[K_TAG], t[schema.MODEL_LABEL_TAG]) == ("eval", "scripted", "4", "scripted")
-    local = client.download_artifacts(run.info.run_id, per_problem_artifact("scripted"), str(tmp_path / "dl"))
+    local = client.download_artifacts(run.info.run_id, schema.per_problem_artifact("scripted"), str(tmp_path / "dl"))
     rows = list(csv.DictReader(io.StringIO(Path(local).read_text())))
     assert [(r["problem_id"], int(r["num_correct"]), int(r["num_truncated"])) for r in rows] == \
         [("p0", 3, 0), ("p1", 2, 1), ("p2", 1, 0), ("p3", 0, 0)]

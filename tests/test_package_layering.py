@@ -2,7 +2,7 @@
 
 - ``bench/`` holds the measurement tools: only ``cli/`` (``ulorl-bench``) and ``bench/`` itself import it,
   so a training, sweep, eval or dashboard run never loads a benchmark.
-- ``train/``, ``rollout/`` and ``algo/`` import nothing from ``scale/``, ``report/`` or ``bench/``.
+- ``train/``, ``rollout/`` and ``algo/`` import nothing from ``scale/``, ``report/``, ``sim/`` or ``bench/``.
 - ``scale.layout`` is the placement arithmetic: no ``ray`` import anywhere in it (module or function
   level), and nothing it imports at module level from ulorl imports ``ray`` at module level either.
 """
@@ -75,9 +75,9 @@ def test_bench_is_imported_only_by_cli_and_bench():
     assert not outside, f"production code importing a measurement tool: {outside}"
 
 
-def test_train_rollout_algo_import_nothing_from_scale_report_or_bench():
+def test_train_rollout_algo_import_nothing_from_scale_report_sim_or_bench():
     bad = sorted({(m, d) for m, d in _edges()
-                  if _folder(m) in ("train", "rollout", "algo") and _folder(d) in ("scale", "report", "bench")})
+                  if _folder(m) in ("train", "rollout", "algo") and _folder(d) in ("scale", "report", "sim", "bench")})
     assert not bad, f"imports against the layering: {bad}"
 
 

@@ -7,7 +7,7 @@ import pytest
 from fakes import ScriptedEngine
 
 from ulorl.config import RolloutConfig
-from ulorl.report.simulator import RolloutSetup
+from ulorl.sim.simulator import RolloutSetup
 from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler
 from ulorl.rollout.types import SamplingParams
 from ulorl.segments import segment_length

@@ -1,4 +1,4 @@
-"""Rollout cost simulator (ulorl.report.simulator) and the ulorl-sim CLI."""
+"""Rollout cost simulator (ulorl.sim.simulator) and the ulorl-sim CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ulorl.cli import sim as cli
-from ulorl.report.simulator import (
+from ulorl.report import paper
+from ulorl.sim.simulator import (
     CostModel,
     EmpiricalLengths,
     LogNormalLengths,
@@ -19,7 +20,7 @@ from ulorl.report.simulator import (
     load_lengths,
     simulate,
 )
-from ulorl.report.sim_studies import run_paper, run_plan, run_validate, synthetic_bench
+from ulorl.sim.studies import run_paper, run_plan, run_validate, synthetic_bench
 
 TRUTH = CostModel(a=8.0, b=0.05, c=2e-4, p=0.01, o=40.0)
 
@@ -96,7 +97,7 @@ def test_validate_predicts_within_tolerance_from_sampled_lengths():
 
 
 def test_paper_fit_is_exact_on_s1_s2_and_predicts_s4():
-    out = run_paper(steps=20)
+    out = run_paper(paper.table1_by_segments(), steps=20)
     rows = {r["segments"]: r for r in out["rows"]}
     for s, t in ((1, 1240.0), (2, 774.0)):
         assert rows[s]["predicted_step_s"] == pytest.approx(t, rel=1e-9)
@@ -201,7 +202,7 @@ def test_cli_errors_name_the_problem(tmp_path, capsys):
 
 
 def test_decode_features_partial_compaction_hand_worked():
-    from ulorl.report.simulator import decode_features
+    from ulorl.sim.simulator import decode_features
 
     n, e = np.array([5, 3, 1, 1]), np.array([10, 10, 10, 10])
     # static: 4 rows x 5 iterations; contexts 10..14
@@ -218,13 +219,13 @@ def test_engine_and_simulator_share_one_torch_free_plan_buckets():
     import subprocess
     import sys
 
-    from ulorl.report import simulator
     from ulorl.rollout import buckets
     from ulorl.rollout.engines import hf
+    from ulorl.sim import simulator
 
     assert simulator.plan_buckets is buckets.plan_buckets is hf.plan_buckets
     assert buckets.plan_buckets([10] * 5 + [300] * 5, 32) == [(0, 5), (5, 10)]
-    code = "import sys, ulorl.rollout.buckets, ulorl.report.simulator; assert 'torch' not in sys.modules"
+    code = "import sys, ulorl.rollout.buckets, ulorl.sim.simulator; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from ulorl.report.simulator import CostModel, EmpiricalLengths, RolloutSetup, parse_lengths, simulate
-from ulorl.report.sim_studies import run_validate, synthetic_bench
+from ulorl.sim.simulator import CostModel, EmpiricalLengths, RolloutSetup, parse_lengths, simulate
+from ulorl.sim.studies import run_validate, synthetic_bench
 from ulorl.rollout.prefix import adjacent_lcps
 
 # Two prompts sharing the template [1, 2]; group 0 (prompt A, 3 tokens): responses of 6 and 7

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fakes import ScriptedEngine
 
-from ulorl.report.simulator import LengthDist, LogNormalLengths, RolloutSetup, simulate
+from ulorl.sim.simulator import LengthDist, LogNormalLengths, RolloutSetup, simulate
 from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler
 from ulorl.rollout.types import SamplingParams
 

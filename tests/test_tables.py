@@ -103,7 +103,7 @@ def test_empty_store_writes_every_file_with_not_run(tmp_path: Path, empty_db: Pa
     assert {c["table"] for c in ours} == {"table1", "table2", "table3", "fig2", "fig4", "fig5"}
     assert all(summary["figures"][f]["not_run"] for f in ("fig2", "fig4", "fig5"))
     # no number is invented: every cell with a value and no run is the paper's or the simulator's
-    assert all(c["note"] == "paper" or c["note"].startswith("ulorl.report.simulator")
+    assert all(c["note"] == "paper" or c["note"].startswith("ulorl.sim.simulator")
                for c in cells if c["value"] and not c["run_ids"])
 
 

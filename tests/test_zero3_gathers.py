@@ -1,6 +1,6 @@
 """ZeRO-3 gathers the chunked LM head once per pass, not per chunk (real DeepSpeed, 2 gloo ranks).
 
-``ulorl.train.zero3_gathers`` on this checkout with parameters released after each use: a tied
+``ulorl.bench.zero3_gathers`` on this checkout with parameters released after each use: a tied
 Qwen3 whose head / embedding weight is the only parameter above ZeRO-3's persistence threshold, one
 row of 256 tokens per rank in 8 chunks of 32. Each forward, backward and no-grad pass must gather
 that weight exactly once (the chunk loop is one call of the head module), ZeRO-3's parameter trace
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ulorl.train.zero3_gathers import add_arguments, run_tree
+from ulorl.bench.zero3_gathers import add_arguments, run_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 

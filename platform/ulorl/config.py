@@ -390,6 +390,22 @@ class TrainConfig(_Section):
         1, ge=1, description="sequence-parallel degree: rows over micro_batch_tokens are split along the sequence over "
         "this many ranks (DeepSpeed Ulysses; backend deepspeed, WORLD_SIZE a multiple of it)"
     )
+    # where the entropy goes (ulorl.train.entropy_probe, docs/entropy.md)
+    entropy_probe_every: int = Field(
+        0, ge=0, description="every N steps, the exact first-order entropy change of the update split by token "
+        "class (entropy/exact/*: extra backward passes over full [B, L, V] logits, for tiny models; backend torch, "
+        "updates_per_step 1); 0 = off. The cheap proxies (entropy/proxy/*) are logged every step regardless")
+    entropy_probe_batch: Literal["step", "fixed"] = Field(
+        "step", description="whose mean token entropy the probe differentiates: 'step' (the step's own trained "
+        "batch, what train/entropy measures) or 'fixed' (the first probed step's batch, kept for the run)")
+
+    @model_validator(mode="after")
+    def _probe_needs_one_process(self) -> TrainConfig:
+        if self.entropy_probe_every and (self.backend != "torch" or self.updates_per_step != 1):
+            raise ValueError(f"train.entropy_probe_every ({self.entropy_probe_every}) needs train.backend torch and "
+                             f"train.updates_per_step 1 (got {self.backend!r}, {self.updates_per_step}): the probe "
+                             "linearises one AdamW step of one process; set train.entropy_probe_every=0")
+        return self
 
 
 class TrackingConfig(_Section):

@@ -5,7 +5,7 @@
 
 ``--count-gathers`` counts ZeRO-3's all-gathers / reduce-scatters (and bytes) per training
 micro-step instead, for this checkout and optionally another one side by side
-(``ulorl.train.zero3_gathers``).
+(``ulorl.bench.zero3_gathers``).
 
 A Qwen3 model of about ``--size-mb`` MiB (float32, random weights, built from a config) is saved to
 a temp dir; then, once per path, ``--ranks`` processes under ``torch.distributed.run`` load it as
@@ -41,6 +41,8 @@ from typing import Any
 import torch
 
 from ulorl.bench.weight_sync import PeakSampler, rss_bytes
+from ulorl.bench.zero3_gathers import add_arguments as add_gather_arguments
+from ulorl.bench.zero3_gathers import format_counts, run_gather_counts
 from ulorl.config import ExperimentConfig, config_from_dict
 from ulorl.jsonout import emit_json
 from ulorl.train.deepspeed_backend import (
@@ -50,8 +52,6 @@ from ulorl.train.deepspeed_backend import (
 )
 from ulorl.train.distributed import ensure_process_group, shutdown_process_group
 from ulorl.train.worker import load_model, load_train_model, pad_token_id, worker_loop
-from ulorl.train.zero3_gathers import add_arguments as add_gather_arguments
-from ulorl.train.zero3_gathers import format_counts, run_gather_counts
 
 PATHS = ("partitioned", "full")
 MIB = 2**20

@@ -29,6 +29,7 @@ Tools with their own flags (everything after the name goes to the tool; ``ulorl-
   gpu-wheels      fetch the wheels gpu-check needs on a machine without network (ulorl.bench.gpu_wheels)
   reward-cost     per-item reward cost, main thread vs scorer workers (ulorl.bench.reward_cost)
   entropy-effect  first-order entropy change per token class of one update (ulorl.bench.entropy_effect)
+  entropy-map     the entropy map: a grid sweep's runs with the exact probe, MPT share by tau (ulorl.bench.entropy_map)
   fill-effect     algo.dynamic_sampling_fill off vs on: time per step, learning signal (ulorl.bench.fill_effect)
   learning-signal does the default run learn? cohort reward rise and held-out avg@k over six seeds, real
                   runs read back from MLflow (ulorl.bench.learning_signal): ulorl-bench learning-signal
@@ -69,6 +70,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "gpu-wheels": ("ulorl.bench.gpu_wheels", "fetch the wheels gpu-check needs on a machine without network"),
     "reward-cost": ("ulorl.bench.reward_cost", "per-item reward cost: main thread vs RewardScorer workers"),
     "entropy-effect": ("ulorl.bench.entropy_effect", "first-order entropy change per token class of one update"),
+    "entropy-map": ("ulorl.bench.entropy_map", "MPT share of the entropy change over a grid sweep's runs"),
     "fill-effect": ("ulorl.bench.fill_effect", "algo.dynamic_sampling_fill off vs on: time per step, signal"),
     "learning-signal": ("ulorl.bench.learning_signal", "cohort reward rise and held-out avg@k over seeds (real runs)"),
     "warmstart-rebuild": ("ulorl.bench.warmstart_rebuild", "rebuild the embedded warm start from scratch, check it"),

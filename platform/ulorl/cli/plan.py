@@ -222,8 +222,9 @@ def predict_step_times(cfg: ExperimentConfig, segment_counts: tuple[int, ...] = 
     budget and batch, with the paper-like length law (80 % of responses within half the max).
     It is an extrapolation for GPU runs; for CPU runs measure with ``ulorl-bench rollout``.
     """
-    from ulorl.report.sim_studies import paper_lengths, run_paper
-    from ulorl.report.simulator import CostModel, RolloutSetup, evaluate, simulate
+    from ulorl.report import paper
+    from ulorl.sim.simulator import CostModel, RolloutSetup, evaluate, simulate
+    from ulorl.sim.studies import paper_lengths, run_paper
 
     r = cfg.rollout
     if r.max_response_len < 4096:
@@ -231,7 +232,7 @@ def predict_step_times(cfg: ExperimentConfig, segment_counts: tuple[int, ...] = 
     if r.prompts_per_step * r.group_size > MAX_SIMULATED_ROWS:
         return {"note": f"not simulated: {r.prompts_per_step * r.group_size} rollout rows per step (the simulator "
                         f"takes up to {MAX_SIMULATED_ROWS})"}
-    cost = CostModel(**run_paper(steps=steps)["fit"]["overhead"])
+    cost = CostModel(**run_paper(paper.table1_by_segments(), steps=steps)["fit"]["overhead"])
     dist = paper_lengths(max_len=r.max_response_len)
     out: dict[str, Any] = {"cost_model": "flat GPU cost fitted to the paper's Table 1 (S=1: 1240 s, S=2: 774 s)"}
     base = None

@@ -1,4 +1,4 @@
-"""``ulorl-sim`` — what does segment count S buy? (``ulorl.report.simulator`` / ``sim_studies``)
+"""``ulorl-sim`` — what does segment count S buy? (``ulorl.sim.simulator`` / ``studies``)
 
     ulorl-sim validate BENCH.json          fit on a bench's cost curve + S=1 rows, predict the rest
     ulorl-sim paper                        the paper's Table 1 setting (64k, 128 x 8, flat GPU cost)
@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.jsonout import emit_json, json_command
-from ulorl.report import sim_studies as studies
-from ulorl.report import simulator as sim
+from ulorl.report import paper
+from ulorl.sim import simulator as sim
+from ulorl.sim import studies
 
 
 class UsageError(ValueError):
@@ -316,8 +317,8 @@ def _cmd_paper(args: argparse.Namespace) -> dict[str, Any]:
         if not 0 < args.within_half < 1:
             raise UsageError(f"--within-half must be in (0, 1), got {args.within_half}")
         dist = studies.paper_lengths(args.within_half, args.sigma, args.rho)
-    return studies.run_paper(dist, segments=_ints(args.segments, "--segments"), prompt_len=args.prompt_len,
-                         steps=args.steps, seed=args.seed, progress=_progress)
+    return studies.run_paper(paper.table1_by_segments(), dist, segments=_ints(args.segments, "--segments"),
+                             prompt_len=args.prompt_len, steps=args.steps, seed=args.seed, progress=_progress)
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any]:

@@ -95,18 +95,6 @@ def unique_labels(run_ids: Sequence[str], names: Sequence[Optional[str]]) -> lis
     return out
 
 
-def _typed(text: Any) -> Any:
-    """A param as logged (a string) back to a number where it is one: ``"0.0931234" -> 0.0931234``."""
-    if not isinstance(text, str):
-        return text
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def trial_label(role: str, variant: Optional[str], seed_offset: Any, values: dict[str, Any]) -> str:
     """Short name of a sweep trial for legends: its role and what was swept,
     ``trial_label("search", None, "0", {"algo.mpt.tau": "0.9", "algo.mpt.sigma": "0.0931234"}) ==
@@ -116,7 +104,7 @@ def trial_label(role: str, variant: Optional[str], seed_offset: Any, values: dic
         seed = int(float(seed_offset))
     except (TypeError, ValueError):
         seed = 0
-    swept = values_summary({k: _typed(v) for k, v in values.items()}) if role in ("search", "rerun") else ""
+    swept = values_summary({k: schema.typed_param(v) for k, v in values.items()}) if role in ("search", "rerun") else ""
     parts = (role, variant or "", swept, f"seed+{seed}" if seed else "")
     return " ".join(p for p in parts if p)
 
@@ -307,8 +295,7 @@ def per_problem_scores(client: MlflowClient, run_id: str, bench: str) -> dict[st
     """Per-problem accuracy of a run on ``bench``: an eval run's ``eval/<bench>_per_problem.csv``,
     else a training run's last ``eval/<bench>_per_problem_step_<N>.csv``; {} when neither exists."""
     names = [e["path"] for e in list_artifacts(client, run_id, "eval") if not e["is_dir"]]
-    whole = f"eval/{bench}_per_problem.csv"
-    steps = sorted(p for p in names if p.startswith(f"eval/{bench}_per_problem_step_") and p.endswith(".csv"))
-    path = whole if whole in names else (steps[-1] if steps else None)
+    whole = schema.per_problem_artifact(bench)
+    path = whole if whole in names else schema.last_per_problem_artifact(names, bench)
     text = read_text_artifact(client, run_id, path) if path else None
     return parse_per_problem_csv(text) if text else {}

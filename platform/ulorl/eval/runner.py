@@ -265,12 +265,6 @@ def evaluate(
     return summary
 
 
-def per_problem_artifact(bench: str, step: Optional[int] = None) -> str:
-    """Artifact path of the per-problem CSV: ``eval/<bench>_per_problem.csv`` for an eval run;
-    ``eval/<bench>_per_problem_step_<NNNNNN>.csv`` for a periodic eval inside a training run."""
-    return f"eval/{bench}_per_problem.csv" if step is None else f"eval/{bench}_per_problem_step_{step:06d}.csv"
-
-
 def log_eval_result(
     result: EvalResult,
     *,
@@ -295,7 +289,7 @@ def log_eval_result(
     s = 0 if step is None else int(step)
     client.log_batch(run_id, metrics=[Metric(k, float(v), ts, s) for k, v in result.metrics().items()])
     if log_csv:
-        client.log_text(run_id, result.per_problem_csv(), per_problem_artifact(result.bench, step))
+        client.log_text(run_id, result.per_problem_csv(), schema.per_problem_artifact(result.bench, step))
     return run_id
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.report.store import RunInfo, RunSource
+from ulorl.tracking.schema import SEED_KEYS
 
 ENTROPY = "train/entropy"
 ACCURACY = "rollout/reward_mean"
@@ -33,7 +34,6 @@ MODE_NAMES = {
 DISTINGUISHING = ("algo.is_mode", "algo.mpt.mode", "algo.eps_high", "algo.mpt.tau", "algo.mpt.sigma",
                   "rollout.segments", "rollout.max_response_len", "rollout.batching", "model.name_or_path",
                   "train.seed", "rollout.seed", "data.seed")
-SEED_PARAMS = ("train.seed", "rollout.seed", "data.seed")
 SEED_ALPHA = 0.25    # per-seed curves of an arm run on several seeds
 BAND_ALPHA = 0.15    # its min-max band
 SEEDS_NOTE = ("arms run on several seeds: faint lines = each seed, bold line = mean across seeds, "
@@ -241,7 +241,7 @@ def _panel_value(v: str) -> str:
 
 def _parts(run: RunInfo, params: list[str]) -> list[str]:
     """``short=value`` per param; seed params that all move together read as one ``seed=v``."""
-    seeds = [p for p in params if p in SEED_PARAMS]
+    seeds = [p for p in params if p in SEED_KEYS]
     values = {run.param(p) for p in seeds}
     parts = []
     for p in params:
@@ -263,7 +263,7 @@ def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str], seeds
     seeds keep the run name."""
     base = [_pretty(primary, r.param(primary, "?")) for r in runs]
     out = list(base)
-    params = DISTINGUISHING if seeds else tuple(p for p in DISTINGUISHING if p not in SEED_PARAMS)
+    params = DISTINGUISHING if seeds else tuple(p for p in DISTINGUISHING if p not in SEED_KEYS)
     for lab in set(base):
         idx = [i for i, b in enumerate(base) if b == lab]
         if len(idx) < 2:
@@ -280,7 +280,7 @@ def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str], seeds
             continue
         for name in {out[i] for i in idx}:
             same = [i for i in idx if out[i] == name]
-            if len({tuple(runs[i].param(p) for p in SEED_PARAMS) for i in same}) < len(same):
+            if len({tuple(runs[i].param(p) for p in SEED_KEYS) for i in same}) < len(same):
                 for i in same:
                     out[i] = f"{out[i]} [{runs[i].name}]"
     return out

@@ -13,7 +13,6 @@ the committed results files that an export of such a store leaves.
 
 from __future__ import annotations
 
-import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,24 +54,10 @@ class RunInfo:
         return self.params.get(key, default)
 
     def int_param(self, key: str) -> Optional[int]:
-        try:
-            return int(float(self.params[key]))
-        except (KeyError, ValueError):
-            return None
+        return schema.int_param(self.params.get(key))
 
     def float_param(self, key: str) -> Optional[float]:
-        try:
-            return float(self.params[key])
-        except (KeyError, ValueError):
-            return None
-
-
-def per_problem_path(bench: str, step: int) -> str:
-    """Artifact path of a periodic eval's per-problem CSV: ``eval/<bench>_per_problem_step_<NNNNNN>.csv``."""
-    return f"eval/{bench}_per_problem_step_{step:06d}.csv"
-
-
-_PER_PROBLEM_RE = re.compile(r"eval/(.+)_per_problem_step_(\d+)\.csv")
+        return schema.float_param(self.params.get(key))
 
 
 class RunSource:
@@ -187,12 +172,7 @@ class RunStore(RunSource):
 
     def _per_problem_files(self, run_id: str) -> list[tuple[str, int]]:
         """(bench, step) of every ``eval/<bench>_per_problem_step_<N>.csv`` of the run."""
-        out = []
-        for p in self._eval_files(run_id):
-            m = _PER_PROBLEM_RE.fullmatch(p)
-            if m:
-                out.append((m.group(1), int(m.group(2))))
-        return out
+        return schema.per_problem_steps(self._eval_files(run_id))
 
     def per_problem_benches(self, run_id: str) -> list[str]:
         return sorted({b for b, _ in self._per_problem_files(run_id)})
@@ -203,7 +183,8 @@ class RunStore(RunSource):
     def per_problem_csv(self, run_id: str, step: int, bench: str = "heldout") -> str:
         """The raw per-problem CSV of the run's ``bench`` eval at ``step``."""
         with tempfile.TemporaryDirectory(prefix="ulorl-report-") as tmp:
-            return Path(self.client.download_artifacts(run_id, per_problem_path(bench, step), tmp)).read_text()
+            path = schema.per_problem_artifact(bench, step)
+            return Path(self.client.download_artifacts(run_id, path, tmp)).read_text()
 
     def per_problem(self, run_id: str, step: Optional[int] = None, bench: str = "heldout") -> dict[str, float]:
         step = self._eval_step(run_id, step, bench)

@@ -132,31 +132,15 @@ def find_hints(roots: Optional[list[Path]] = None) -> dict[str, str]:
 # ----------------------------------------------------------------------------- Table 1
 
 
-def _find_run_paper() -> Optional[Callable[..., dict[str, Any]]]:
-    """``run_paper`` of helper module ``ulorl.report.sim_studies`` (or, in older layouts,
-    ``ulorl.report.simulator``); None when neither provides it."""
-    import importlib
-
-    for mod in ("ulorl.report.sim_studies", "ulorl.report.simulator"):
-        try:
-            fn = getattr(importlib.import_module(mod), "run_paper", None)
-        except ImportError:
-            continue
-        if callable(fn):
-            return fn
-    return None
-
-
 def simulator_table1(segments: list[int]) -> Optional[dict[int, tuple[float, bool]]]:
     """Paper-scale seconds/step per segment count from the rollout simulator's ``run_paper`` (the
     static regime, flat per-iteration cost fitted exactly to the paper's S = 1 and S = 2 times):
     ``{S: (seconds, fitted)}`` where ``fitted`` marks the two calibration points. None when the
     simulator is not available."""
-    run_paper = _find_run_paper()
-    if run_paper is None:
-        return None
+    from ulorl.sim.studies import run_paper
+
     try:
-        res = run_paper(segments=tuple(segments))
+        res = run_paper(paper.table1_by_segments(), segments=tuple(segments))
     except Exception:  # noqa: BLE001 -- a simulator failure must not break the tables
         return None
     return {int(r["segments"]): (float(r["predicted_step_s"]), bool(r.get("fitted_on"))) for r in res["rows"]}
@@ -242,7 +226,7 @@ def build_table1(
             p_sp = Cell(f"{p.speedup:.2f}x", p.speedup, note="paper") if p else Cell(DASH)
             if sim and s in sim:
                 v, fitted = sim[s]
-                src = "ulorl.report.simulator (run_paper)" + (
+                src = "ulorl.sim.simulator (run_paper)" + (
                     " (calibration point: equals the paper by construction)" if fitted else " (prediction)")
                 tag = " (fit)" if fitted else ""
                 sim_t = Cell(_fmt(v, 0) + tag, v, note=src)
@@ -257,7 +241,7 @@ def build_table1(
         "ulorl.paper_ref=table1"
         + (f" (rollout.max_response_len={', '.join(sorted(lens))})" if lens else "")
         + "; speedup = time(S=1)/time(S) within a batching regime.",
-        f"Paper: {paper.TABLE1_SETTING['model']}, 64k outputs (Table 1). Sim.: ulorl.report.simulator at paper scale "
+        f"Paper: {paper.TABLE1_SETTING['model']}, 64k outputs (Table 1). Sim.: ulorl.sim.simulator at paper scale "
         "(128 prompts x 8, 64k, static batching, flat per-iteration cost fitted to the paper's S=1 and S=2 times, "
         "marked '(fit)'; other rows are predictions).",
     ]

@@ -6,7 +6,7 @@ a long row's padding::
 
     plan_buckets([10, 10, 10, 10, 100, 100], decode_len=0)   # [(0, 4), (4, 6)]
 
-``ulorl.rollout.engines.hf`` plans its caches with it; ``ulorl.report.simulator`` uses the same
+``ulorl.rollout.engines.hf`` plans its caches with it; ``ulorl.sim.simulator`` uses the same
 function to predict the engine's cost, so the two cannot drift apart.
 """
 

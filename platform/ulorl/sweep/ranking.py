@@ -323,12 +323,11 @@ def last_per_problem(client: Any, run_id: str, bench: str = "heldout") -> dict[s
         files = [f.path for f in client.list_artifacts(run_id, "eval")]
     except Exception:
         return {}
-    prefix = f"eval/{bench}_per_problem_step_"
-    steps = sorted(p for p in files if p.startswith(prefix) and p.endswith(".csv"))
-    if not steps:
+    last = schema.last_per_problem_artifact(files, bench)
+    if last is None:
         return {}
     with tempfile.TemporaryDirectory(prefix="ulorl-rank-") as tmp:
-        local = client.download_artifacts(run_id, steps[-1], tmp)
+        local = client.download_artifacts(run_id, last, tmp)
         return parse_per_problem_csv(Path(local).read_text())
 
 
@@ -354,7 +353,7 @@ def trials_from_mlflow(client: Any, parent_run_id: str, metric: str, searched: S
             confirm=last_per_problem(client, r.info.run_id, cbench) if cbench else {},
             final=last_per_problem(client, r.info.run_id, final_bench(bench.removesuffix("_select"))),
             pruned_reason=tags.get(schema.PRUNED_REASON_TAG, "") if pruned else "",
-            pruned_step=_int_param(tags.get(schema.PRUNED_STEP_TAG)) if pruned else None,
+            pruned_step=schema.int_param(tags.get(schema.PRUNED_STEP_TAG)) if pruned else None,
         ))
     return out
 
@@ -367,7 +366,7 @@ def ranking_csv(rows: Sequence[dict[str, Any]]) -> str:
 
 def run_speed_of(client: Any, trial: Trial) -> Optional[speed.RunSpeed]:
     """The trial's speed over its steady window (:mod:`ulorl.report.speed`), read from MLflow."""
-    segments = _int_param(trial.params.get("rollout.segments"))
+    segments = schema.int_param(trial.params.get("rollout.segments"))
     if segments is None:
         return None
     hist: dict[str, dict[int, float]] = {}
@@ -378,17 +377,10 @@ def run_speed_of(client: Any, trial: Trial) -> Optional[speed.RunSpeed]:
                            finished=hist[speed.FINISHED], eval_s=hist[speed.EVAL_TIME])
 
 
-def _int_param(value: Any) -> Optional[int]:
-    try:
-        return int(float(value))
-    except (TypeError, ValueError):
-        return None
-
-
 def trial_speedups(client: Any, trials: Sequence[Trial]) -> list[speed.Speedup]:
     """Every segment count S > 1 of the sweep against its S = 1 reference trial(s) of the same batching
     (role ``reference``), medians over the runs of each cell; [] without a reference."""
-    refs = [t for t in trials if t.role == ROLE_REFERENCE and _int_param(t.params.get("rollout.segments")) == 1]
+    refs = [t for t in trials if t.role == ROLE_REFERENCE and schema.int_param(t.params.get("rollout.segments")) == 1]
     if not refs:
         return []
     speeds = {t.run_id: run_speed_of(client, t) for t in trials}
@@ -398,7 +390,7 @@ def trial_speedups(client: Any, trials: Sequence[Trial]) -> list[speed.Speedup]:
                and (sp := speeds[t.run_id]) is not None]
         by_s: dict[int, list[speed.RunSpeed]] = {}
         for t in trials:
-            s = _int_param(t.params.get("rollout.segments"))
+            s = schema.int_param(t.params.get("rollout.segments"))
             sp = speeds[t.run_id]
             if s and s > 1 and sp is not None and str(t.params.get("rollout.batching", "")) == batching:
                 by_s.setdefault(s, []).append(sp)

@@ -24,6 +24,10 @@ Sweep parent runs (``ulorl-sweep``): tags ulorl.kind=sweep, ulorl.sweep=<yaml st
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from typing import Any, Optional
+
 KIND_TAG = "ulorl.kind"
 EXPERIMENT_TAG = "ulorl.experiment"
 PAPER_REF_TAG = "ulorl.paper_ref"
@@ -113,6 +117,32 @@ def mismatch_metric(stat: str, segment: int | None = None, bucket: int | None = 
 MISMATCH_METRICS: tuple[str, ...] = tuple(mismatch_metric(s) for s in MISMATCH_STATS + MISMATCH_OVERALL)
 
 
+# Where the entropy goes (ulorl.algo.entropy_decomp, platform/ulorl/docs/entropy.md): the first-order change of the mean
+# token entropy, split by token class = advantage sign x probability bucket of the sampled token at
+# algo.mpt.tau (pos_high = the MPTs; mid: 0.5 <= p < tau; low: p < 0.5), the trained tokens per class,
+# "masked" (the terms the loss mask removed), "total" (sum of the classes: the applied update),
+# "mpt" (the MPT class, masked or not) and "mpt_share" (mpt / (total + masked); left out when that is 0).
+# Every update step: two proxies from the no-grad pass, entropy/proxy/cov/* (Clip-Cov's batch-centred
+# covariance, -(A - mean A)(lp - mean lp) / N per token) and entropy/proxy/state/* (centred per position,
+# -A (lp + H) / N). Every train.entropy_probe_every steps (opt-in, tiny models): the exact form,
+# entropy/exact/sgd/* (a plain gradient step at train.lr) and entropy/exact/adam/* (this AdamW step,
+# preconditioner frozen), in nats of mean token entropy of the probe batch; entropy/exact/adam/carry
+# (the momentum and weight-decay part of the step), entropy/exact/realized (the entropy change the
+# update really made on the probe batch) and entropy/exact/probe_entropy (its entropy before).
+ENTROPY_CLASSES: tuple[str, ...] = ("pos_high", "pos_mid", "pos_low", "neg_high", "neg_mid", "neg_low")
+ENTROPY_PARTS: tuple[str, ...] = ENTROPY_CLASSES + ("masked", "total", "mpt")
+ENTROPY_SHARE = "mpt_share"
+ENTROPY_PROXY_PREFIXES: tuple[str, ...] = ("entropy/proxy/cov", "entropy/proxy/state")
+ENTROPY_EXACT_PREFIXES: tuple[str, ...] = ("entropy/exact/sgd", "entropy/exact/adam")
+ENTROPY_CARRY_METRIC = "entropy/exact/adam/carry"
+ENTROPY_REALIZED_METRIC = "entropy/exact/realized"
+ENTROPY_PROBE_ENTROPY_METRIC = "entropy/exact/probe_entropy"
+# logged at every update step (mpt_share too, when defined)
+ENTROPY_PROXY_METRICS: tuple[str, ...] = tuple(f"{p}/{k}" for p in ENTROPY_PROXY_PREFIXES for k in ENTROPY_PARTS)
+# logged at probe steps only
+ENTROPY_PROBE_METRICS: tuple[str, ...] = tuple(f"{p}/{k}" for p in ENTROPY_EXACT_PREFIXES for k in ENTROPY_PARTS) + (
+    ENTROPY_CARRY_METRIC, ENTROPY_REALIZED_METRIC, ENTROPY_PROBE_ENTROPY_METRIC)
+
 # Length audit (ulorl.train.length_audit), every step: for each fate, audit/<fate>/count (samples that
 # met it this step; pool fates: samples there now), audit/<fate>/len_p50|len_p90|len_max (their
 # response lengths, only when count > 0), audit/<fate>/token_share (cumulative tokens of the fate /
@@ -140,7 +170,7 @@ AUDIT_METRICS: tuple[str, ...] = (AUDIT_STARTED, AUDIT_PROMPTS_TOO_LONG) + tuple
 # Metrics present at every step, whether or not the step updated the model.
 EVERY_STEP_METRICS: tuple[str, ...] = ROLLOUT_METRICS + POOL_METRICS + TIME_METRICS + (SKIPPED_METRIC,) + AUDIT_METRICS
 # Metrics present only at steps that updated the model (train/skipped == 0).
-UPDATE_STEP_METRICS: tuple[str, ...] = TRAIN_METRICS
+UPDATE_STEP_METRICS: tuple[str, ...] = TRAIN_METRICS + ENTROPY_PROXY_METRICS
 
 KEY_PARAMS: tuple[str, ...] = (
     "rollout.segments", "rollout.max_response_len", "rollout.batching", "algo.mpt.tau",
@@ -155,6 +185,60 @@ SAMPLE_RECORD_FIELDS: tuple[str, ...] = (
                          # masking entropy control: algo.entropy_control clip_cov / high_entropy_minority, or
                          # a rollout correction's rejection: algo.rollout_correction token_mis / seq_mis / icepop)
 )
+
+
+def per_problem_artifact(bench: str, step: Optional[int] = None) -> str:
+    """Artifact path of the per-problem CSV: ``eval/<bench>_per_problem.csv`` for an eval run;
+    ``eval/<bench>_per_problem_step_<NNNNNN>.csv`` for a periodic eval inside a training run."""
+    return f"eval/{bench}_per_problem.csv" if step is None else f"eval/{bench}_per_problem_step_{step:06d}.csv"
+
+
+PER_PROBLEM_STEP_RE = re.compile(r"eval/(.+)_per_problem_step_(\d+)\.csv")
+
+
+def per_problem_steps(paths: Iterable[str]) -> list[tuple[str, int]]:
+    """(bench, step) of every periodic per-problem CSV among artifact ``paths``, in their order."""
+    out = []
+    for p in paths:
+        m = PER_PROBLEM_STEP_RE.fullmatch(p)
+        if m:
+            out.append((m.group(1), int(m.group(2))))
+    return out
+
+
+def last_per_problem_artifact(paths: Iterable[str], bench: str) -> Optional[str]:
+    """The artifact path of the last periodic per-problem CSV of ``bench`` among ``paths``; None when none."""
+    steps = [st for b, st in per_problem_steps(paths) if b == bench]
+    return per_problem_artifact(bench, max(steps)) if steps else None
+
+
+# Params are logged as strings; the readers turn them back into numbers here.
+def int_param(value: Any) -> Optional[int]:
+    """A logged param as an int (``"4"``, ``"4.0"`` -> 4); None when absent or not a number."""
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def float_param(value: Any) -> Optional[float]:
+    """A logged param as a float; None when absent or not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def typed_param(text: Any) -> Any:
+    """A param as logged (a string) back to a number where it is one: ``"0.0931234" -> 0.0931234``."""
+    if not isinstance(text, str):
+        return text
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
 
 
 def eval_metric(bench: str, name: str) -> str:

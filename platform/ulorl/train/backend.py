@@ -6,7 +6,7 @@ DeepSpeed ZeRO backend with the same interface.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -63,6 +63,12 @@ class TrainBackend(Protocol):
         ...
 
 
+def adamw(params: Iterable[torch.Tensor], cfg: TrainConfig) -> torch.optim.AdamW:
+    """The paper's optimizer over ``params``: torch AdamW at the constant ``train.lr``, ``train.betas``
+    and ``train.weight_decay`` (both backends build it here; DeepSpeed is handed it)."""
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), weight_decay=cfg.weight_decay)
+
+
 class TorchBackend:
     """Plain torch: AdamW with constant lr and grad-norm clipping (the paper's optimizer).
 
@@ -86,12 +92,7 @@ class TorchBackend:
         self.masters: list[torch.Tensor] | None = (
             [p.detach().float().clone() for p in self.params] if low else None
         )
-        self.optimizer = torch.optim.AdamW(
-            self.masters if self.masters is not None else self.params,
-            lr=cfg.lr,
-            betas=(cfg.betas[0], cfg.betas[1]),
-            weight_decay=cfg.weight_decay,
-        )
+        self.optimizer = adamw(self.masters if self.masters is not None else self.params, cfg)
 
     def _accumulate_to_masters(self) -> None:
         assert self.masters is not None

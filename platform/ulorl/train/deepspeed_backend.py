@@ -54,6 +54,7 @@ import torch
 
 from ulorl.config import TrainConfig
 from ulorl.rollout.weight_sync import WeightMeta, WeightStreamFactory
+from ulorl.train.backend import adamw
 from ulorl.train.distributed import DataParallel, dist_env, ensure_process_group
 
 log = logging.getLogger("ulorl.train.deepspeed")
@@ -218,12 +219,7 @@ class DeepSpeedBackend:
         copy_for_rollout = None
         if self.rollout_copy and self.is_main_process:
             copy_for_rollout = unpartitioned_like(model) if partitioned else copy.deepcopy(model)
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=cfg.lr,
-            betas=(cfg.betas[0], cfg.betas[1]),
-            weight_decay=cfg.weight_decay,
-        )
+        optimizer = adamw([p for p in model.parameters() if p.requires_grad], cfg)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=deepspeed_config(cfg)
         )

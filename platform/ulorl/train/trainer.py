@@ -26,7 +26,7 @@ import torch
 
 from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
 from ulorl.eval.final import final_bench, final_items
-from ulorl.eval.runner import evaluate, per_problem_artifact, split_result
+from ulorl.eval.runner import evaluate, split_result
 from ulorl.reward import RewardScorer
 from ulorl.reward.judge import judge_from_config
 from ulorl.rollout.engine_config import engine_rollout_config, prompt_budget
@@ -42,6 +42,7 @@ from ulorl.train.backend import TorchBackend, TrainBackend
 from ulorl.train.cohorts import CohortRewards
 from ulorl.train.deepspeed_backend import DeepSpeedBackend, is_partitioned
 from ulorl.train.distributed import dist_env, launch_role
+from ulorl.train.entropy_probe import probed_update
 from ulorl.train.fill import merge_round_metrics
 from ulorl.train.length_audit import LengthAudit
 from ulorl.train.progress import TrainProgress
@@ -52,7 +53,6 @@ from ulorl.train.update import (
     UpdateContext,
     UpdateResult,
     engine_segment_logprobs,
-    policy_update,
     segment_logprobs,
 )
 from ulorl.train.worker import (
@@ -488,7 +488,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         for part in parts:   # the whole set, then its selection / confirmation parts (eval.select_problems)
             if self.tracker is not None:
-                self.tracker.log_text(part.per_problem_csv(), per_problem_artifact(part.bench, self.step))
+                self.tracker.log_text(part.per_problem_csv(), schema.per_problem_artifact(part.bench, self.step))
             metrics.update(part.metrics())
         return metrics
 
@@ -514,8 +514,9 @@ class Trainer:
         if samples and self.engine.colocate:
             self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
         if samples:
-            update = policy_update(samples, UpdateContext.of_run(self.backend, cfg, self.pad_id, self.device),
-                                   self.policy_version)   # the version that decoded this step's segments
+            # policy_update, plus the exact entropy decomposition every train.entropy_probe_every steps
+            update = probed_update(samples, UpdateContext.of_run(self.backend, cfg, self.pad_id, self.device),
+                                   self.step, self.policy_version)   # the version that decoded this step's segments
         metrics["time/train_s"] = time.perf_counter() - t1
         if update is not None and update.updated:
             self.policy_version += 1

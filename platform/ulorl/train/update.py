@@ -31,6 +31,7 @@ from ulorl.rollout.types import Sample
 from ulorl.tracking.schema import NONFINITE_GRAD_METRIC
 from ulorl.train.backend import TrainBackend
 from ulorl.train.batch import TrainBatch, build_train_batch, rows_over_cap
+from ulorl.train.entropy_proxy import proxy_metrics
 from ulorl.train.forward import autocast_ctx, current_token_stats, forward_logits, token_stats
 from ulorl.train.mismatch import MismatchSettings, rollout_mismatch, token_sources
 from ulorl.train.parallel import LocalParallel, ParallelOps
@@ -203,6 +204,9 @@ def prepare_update(samples: list[Sample], ctx: UpdateContext,
             "train/adv_abs_mean": float(adv.abs().mean()),
         }
     )
+    # where the entropy goes, per token class (platform/ulorl/docs/entropy.md): the two proxies, from this pass alone
+    metrics.update(proxy_metrics(cur_lp, adv, resp, ent, loss_mask | acted if control.action == "mask" else loss_mask,
+                                 algo.mpt.tau))
     kl_tokens = acted if control.action == "kl" else None
     kept_mask = loss_mask | acted if control.action == "mask" else loss_mask
     return PreparedUpdate(kept, batch, adv, old_lp, kept_mask | mm.rejected, metrics, kl_tokens, mm.weights)

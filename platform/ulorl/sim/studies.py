@@ -1,4 +1,4 @@
-"""The three questions ``ulorl-sim`` answers, on top of ``ulorl.report.simulator``.
+"""The three questions ``ulorl-sim`` answers, on top of ``ulorl.sim.simulator``.
 
 * ``run_validate(bench)`` — check (a): fit the cost model on a ``ulorl-bench rollout --json``
   output's cost curve and S = 1 rows only, predict every other (S, regime) row;
@@ -12,13 +12,13 @@ simulator itself (tests, docs).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Protocol
 
 import numpy as np
 
-from ulorl.report.simulator import (
+from ulorl.sim.simulator import (
     ContextMode,
     CostModel,
     EmpiricalLengths,
@@ -230,12 +230,22 @@ def paper_lengths(within_half: float = 0.8, sigma: float = 0.6, rho: float = 0.5
     return LogNormalLengths.with_quantile(max_len / 2, within_half, sigma, rho)
 
 
-def run_paper(dist: Optional[LengthDist] = None, *, segments: Sequence[int] = (1, 2, 4, 8), prompt_len: int = 256,
-              steps: int = 100, seed: int = 0, progress: Optional[Any] = None) -> dict[str, Any]:
-    """Check (b): flat-cost static regime fitted exactly to the paper's S = 1 and S = 2 step times."""
-    from ulorl.report.paper import TABLE1
+class PaperRow(Protocol):
+    """A row of the paper's Table 1 (``ulorl.report.paper.Table1Row``): what the fit reads of it."""
 
-    paper = {r.segments: r for r in TABLE1}
+    @property
+    def time_per_step_s(self) -> float: ...
+    @property
+    def speedup(self) -> float: ...
+
+
+def run_paper(paper: Mapping[int, PaperRow], dist: Optional[LengthDist] = None, *,
+              segments: Sequence[int] = (1, 2, 4, 8), prompt_len: int = 256, steps: int = 100, seed: int = 0,
+              progress: Optional[Any] = None) -> dict[str, Any]:
+    """Check (b): flat-cost static regime fitted exactly to the paper's S = 1 and S = 2 step times.
+
+    ``paper``: the paper's Table 1 rows by segment count (``ulorl.report.paper.table1_by_segments()``);
+    S = 1 and 2 are required, S = 4 adds the attribution."""
     segs = sorted(set(segments) | {1, 2})
     dist = dist or paper_lengths()
     traces = {}

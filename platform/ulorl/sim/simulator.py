@@ -32,7 +32,7 @@ linear: ``fit_cost_curve`` (a, b, c from measured iteration costs, non-negative 
 ``fit_two_points`` (the paper's flat-cost GPU regime from its S = 1 and S = 2 step times).
 
 Everything here is numpy and pure (no I/O except ``load_lengths``). The studies built on it
-(``ulorl-sim validate / paper / plan``) are in ``ulorl.report.sim_studies``.
+(``ulorl-sim validate / paper / plan``) are in ``ulorl.sim.studies``.
 """
 
 from __future__ import annotations

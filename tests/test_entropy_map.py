@@ -61,9 +61,10 @@ def test_run_table_reports_final_entropy_share_at_own_tau_and_proxy_agreement():
     row = {"label": "static seed+0", "tau": 0.85, **summarize_trial(history, records, tau=0.85)}
     table = run_table([row])
     line = table.splitlines()[2]
-    # first 10 steps: mean 0.5 - 0.045 = 0.455; last 10: 0.5 - 0.145 = 0.355
-    assert line.startswith("| static seed+0 | 0.455 -> 0.355 |")
+    # first 10 steps: mean 0.5 - 0.045 = 0.455; last 10: 0.5 - 0.145 = 0.355, their SE
+    # 0.01 * sd(0..9) / sqrt(10) = 0.01 * 3.0277 / 3.1623 = 0.009574
+    assert line.startswith("| static seed+0 | 0.455 -> 0.355 +- 0.00957 |")
     # MPT share at the run's tau 0.85: (-0.04 - 0.04 sgd, x2 adam) / (-0.2 adam) = 80 %
     assert "| 80.0% (" in line
     assert "| -0.2 |" in line            # two probed steps' realized -0.1 each, summed
-    assert run_table([{"label": "bare"}]).splitlines()[2].startswith("| bare | - -> - | - (-) | - |")
+    assert run_table([{"label": "bare"}]).splitlines()[2].startswith("| bare | - -> - +- - | - (-) | - |")

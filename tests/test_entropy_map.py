@@ -51,3 +51,20 @@ def test_paired_final_entropy_pairs_by_seed_and_applies_the_criterion():
     assert out["mde"] < 0.01 and out["beyond_2_mde"] is True
     few = paired_final_entropy(rows[:2] + rows[4:6], "static", "off")
     assert "mean" not in few and "2 seed" in few["why"]
+
+
+def test_run_table_reports_final_entropy_share_at_own_tau_and_proxy_agreement():
+    from ulorl.bench.entropy_map import run_table
+
+    records = [_record(2, [-0.01, -0.04, -0.05, 0.0]), _record(4, [-0.03, 0.0, -0.01, 0.04])]
+    history = [{"train/entropy": 0.5 - 0.01 * i} for i in range(20)]
+    row = {"label": "static seed+0", "tau": 0.85, **summarize_trial(history, records, tau=0.85)}
+    table = run_table([row])
+    line = table.splitlines()[2]
+    # first 10 steps: mean 0.5 - 0.045 = 0.455; last 10: 0.5 - 0.145 = 0.355, their SE
+    # 0.01 * sd(0..9) / sqrt(10) = 0.01 * 3.0277 / 3.1623 = 0.009574
+    assert line.startswith("| static seed+0 | 0.455 -> 0.355 +- 0.00957 |")
+    # MPT share at the run's tau 0.85: (-0.04 - 0.04 sgd, x2 adam) / (-0.2 adam) = 80 %
+    assert "| 80.0% (" in line
+    assert "| -0.2 |" in line            # two probed steps' realized -0.1 each, summed
+    assert run_table([{"label": "bare"}]).splitlines()[2].startswith("| bare | - -> - +- - | - (-) | - |")

@@ -31,6 +31,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ from ulorl.algo.entropy_decomp import CLASSES, MPT_CLASS, P_EDGES, agreement
 from ulorl.jsonout import emit_json, json_command
 
 __all__ = ["FINAL_WINDOW", "TAUS", "WINDOW", "final_entropy", "main", "paired_final_entropy", "plot_map",
-           "summarize_trial", "summary_table"]
+           "run_table", "summarize_trial", "summary_table"]
 
 TAUS = (0.8, 0.85, 0.9, 0.95, 0.99)
 WINDOW = 5   # update steps averaged for the start / end entropy of a short run
@@ -246,6 +247,39 @@ def final_entropy(row: dict[str, Any]) -> float:
     return sum(tail) / len(tail) if tail else float("nan")
 
 
+def _pair_cell(agreement: dict[str, Any], key: str) -> str:
+    a = (agreement.get(key) or {}).get("pairs") or {}
+    return f"{_fmt(a.get('pearson'))}, {_fmt(a.get('sign_agreement'))}"
+
+
+def run_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table, one line per run, of what decides a paired regime: final entropy (mean
+    train/entropy of the last ``FINAL_WINDOW`` steps, +- the standard error of that mean over its steps)
+    beside the first ``FINAL_WINDOW``; the MPT class's
+    share of the first-order change at the run's own tau (Adam; with a mask on, the part the mask removed)
+    and its gross share; the realized change of the probed steps' own batches, summed (what the update did
+    to the batch it trained on); the state and Clip-Cov proxies against the exact Adam terms over (probed
+    step x class) pairs (Pearson, sign agreement); the AdamW linearisation's Pearson against the realized change."""
+    lines = ["| run | entropy first -> final +- SE | MPT share (gross) at tau | own-batch realized dH, summed "
+             "| state proxy: Pearson, sign | Clip-Cov proxy: Pearson, sign | linearisation Pearson |",
+             "|" + "---|" * 7]
+    for r in rows:
+        values = r.get("entropy", {}).get("values", [])
+        first = sum(values[:FINAL_WINDOW]) / len(values[:FINAL_WINDOW]) if values else None
+        tail = values[-FINAL_WINDOW:]
+        se = statistics.stdev(tail) / math.sqrt(len(tail)) if len(tail) > 1 else None
+        tau = f"{r.get('tau', 0.0):g}"
+        share = r.get("share", {}).get("adam", {}).get(tau)
+        gross = r.get("share_gross", {}).get("adam", {}).get(tau)
+        realized = r.get("linear", {}).get("realized") or []
+        agree = r.get("agreement", {})
+        lin = (r.get("linear", {}).get("agreement") or {}).get("pearson")
+        lines.append(f"| {r.get('label', '?')} | {_fmt(first)} -> {_fmt(final_entropy(r))} +- {_fmt(se)} | "
+                     f"{_fmt(share, True)} ({_fmt(gross, True)}) | {_fmt(math.fsum(realized)) if realized else '-'} | "
+                     f"{_pair_cell(agree, 'state_vs_adam')} | {_pair_cell(agree, 'cov_vs_adam')} | {_fmt(lin)} |")
+    return "\n".join(lines)
+
+
 def paired_final_entropy(rows: Sequence[dict[str, Any]], arm_a: str, arm_b: str) -> dict[str, Any]:
     """Final entropy of variant ``arm_a`` minus ``arm_b``, paired by seed offset: the per-seed
     differences, their mean, the 95 % t-interval and the minimum detectable effect
@@ -332,6 +366,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 0
         print(summary_table(rows))
         if pair is not None:
+            print()
+            print(run_table(rows))
             print(json.dumps(pair, indent=1))
         return 0
     if not args.sweep:

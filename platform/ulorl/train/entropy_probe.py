@@ -52,6 +52,7 @@ from ulorl.tracking.schema import (
     ENTROPY_PROBE_ENTROPY_METRIC,
     ENTROPY_REALIZED_METRIC,
 )
+from ulorl.train.backend import TorchBackend
 from ulorl.train.batch import TrainBatch
 from ulorl.train.forward import forward_logits
 from ulorl.train.update import (
@@ -194,12 +195,12 @@ class EntropyProbe:
         """The decomposition of the update ``prep`` describes (before it is applied): its metrics and
         the probe batch's mean token entropy."""
         backend, algo, device, temperature = ctx.backend, ctx.algo, ctx.device, ctx.temperature
-        optimizer = getattr(backend, "optimizer", None)
-        params: list[Tensor] = list(getattr(backend, "params", []))
-        if optimizer is None or not params:
+        if not isinstance(backend, TorchBackend) or not backend.params:
             raise ValueError("train.entropy_probe_every: the probe needs the one-process torch backend "
                              "(train.backend torch)")
-        opt_params = getattr(backend, "masters", None) or params
+        optimizer = backend.optimizer
+        params: list[Tensor] = list(backend.params)
+        opt_params = backend.masters or params
         model = backend.model
         model.eval()
         batch = prep.batch

@@ -38,7 +38,8 @@ from ulorl.algo.loss import LOSS_AGG, policy_loss
 Action = Literal["none", "mask", "kl"]
 
 
-def _check(response_mask: Tensor, **bt: Tensor) -> None:
+def check_token_shapes(response_mask: Tensor, **bt: Tensor) -> None:
+    """``response_mask`` is a bool [B, T] tensor and every named tensor has its shape (else ValueError)."""
     if response_mask.dim() != 2 or response_mask.dtype != torch.bool:
         raise ValueError(f"response_mask must be a bool [B, T] tensor, got {response_mask.dtype} "
                          f"{tuple(response_mask.shape)}")
@@ -65,7 +66,7 @@ def token_covariance(token_logprobs: Tensor, advantages: Tensor, response_mask: 
     Both means are over the response tokens of the batch (A broadcast per token, so the mean of A
     is token-weighted). Float[B, T]; ``-inf`` off the response (never selected).
     """
-    _check(response_mask, token_logprobs=token_logprobs)
+    check_token_shapes(response_mask, token_logprobs=token_logprobs)
     adv = _token_advantages(advantages, response_mask).to(torch.float64)
     lp = token_logprobs.detach().to(torch.float64)
     n = response_mask.sum()
@@ -81,7 +82,7 @@ def clip_active(token_logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor
                 eps_low: float, eps_high: float) -> Tensor:
     """Bool[B, T]: response tokens where the PPO clip is active (A > 0 and r > 1 + eps_high, or
     A < 0 and r < 1 - eps_low), r = exp(logp - old_logp) — verl's ``clip_by_origin``."""
-    _check(response_mask, token_logprobs=token_logprobs, old_logprobs=old_logprobs)
+    check_token_shapes(response_mask, token_logprobs=token_logprobs, old_logprobs=old_logprobs)
     adv = _token_advantages(advantages, response_mask)
     zero = torch.zeros((), dtype=token_logprobs.dtype, device=token_logprobs.device)
     r = torch.exp(torch.where(response_mask, token_logprobs.detach() - old_logprobs.detach(), zero))
@@ -101,7 +102,7 @@ def clip_cov_select(candidates: Tensor, response_mask: Tensor, ratio: float, see
     """Clip-Cov's choice: ``max(int(ratio * n), 1)`` of the ``candidates`` (Bool[B, T]) uniformly at
     random (all of them when fewer), n = response tokens. ``seed`` fixes the draw (a generator of
     its own: every rank of a data-parallel update draws the same tokens). Bool[B, T]."""
-    _check(response_mask, candidates=candidates)
+    check_token_shapes(response_mask, candidates=candidates)
     if not ratio > 0:
         raise ValueError(f"clip_cov ratio must be > 0, got {ratio}")
     out = torch.zeros_like(response_mask)
@@ -153,7 +154,7 @@ def high_entropy_minority_mask(token_entropy: Tensor, response_mask: Tensor, rho
     """Tokens the 80/20 rule leaves out: response tokens with entropy below the ``1 - rho`` quantile
     (linear interpolation) of the batch's response-token entropies; tokens at or above it are trained.
     rho = 1 masks nothing; rho = 0 keeps only the tokens at the maximum. Bool[B, T] (True = masked)."""
-    _check(response_mask, token_entropy=token_entropy)
+    check_token_shapes(response_mask, token_entropy=token_entropy)
     if not 0.0 <= rho <= 1.0:
         raise ValueError(f"top_entropy_quantile must be in [0, 1], got {rho}")
     if not bool(response_mask.any()):
@@ -194,7 +195,7 @@ def kl_cov_loss(
         ``pg_loss`` this loss, ``clip_frac`` 0 (nothing is clipped) and ``kl_penalty`` (the mean of
         ``|log r|`` over ``kl_tokens``; 0 when none).
     """
-    _check(response_mask, logprobs=logprobs, old_logprobs=old_logprobs, kl_tokens=kl_tokens)
+    check_token_shapes(response_mask, logprobs=logprobs, old_logprobs=old_logprobs, kl_tokens=kl_tokens)
     if coef < 0:
         raise ValueError(f"kl_cov coef must be >= 0, got {coef}")
     if loss_agg not in LOSS_AGG:
@@ -244,7 +245,7 @@ class ControlInputs:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.response_mask, token_logprobs=self.token_logprobs, old_logprobs=self.old_logprobs,
+        check_token_shapes(self.response_mask, token_logprobs=self.token_logprobs, old_logprobs=self.old_logprobs,
                token_entropy=self.token_entropy)
         _token_advantages(self.advantages, self.response_mask)
 

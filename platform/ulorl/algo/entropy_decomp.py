@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ulorl.algo.entropy_control import token_covariance
+from ulorl.algo.entropy_control import check_token_shapes, token_covariance
 from ulorl.algo.loss import LOSS_AGG, policy_loss
 
 __all__ = ["BUCKETS", "CLASSES", "MPT_CLASS", "SIGNS", "Agreement", "Decomposition", "agreement",
@@ -63,16 +63,6 @@ CLASSES: tuple[str, ...] = tuple(f"{s}_{b}" for s in SIGNS for b in BUCKETS)
 MPT_CLASS = "pos_high"
 #: probability edges of :func:`probability_bins` (the map's resolution; tau = 0.8 ... 0.99 are edges)
 P_EDGES: tuple[float, ...] = (0.0, 0.5, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)
-
-
-def _check_bt(response_mask: Tensor, **bt: Tensor) -> None:
-    if response_mask.dim() != 2 or response_mask.dtype != torch.bool:
-        raise ValueError(f"response_mask must be a bool [B, T] tensor, got {response_mask.dtype} "
-                         f"{tuple(response_mask.shape)}")
-    for name, x in bt.items():
-        if x.shape != response_mask.shape:
-            raise ValueError(f"{name} shape {tuple(x.shape)} must equal response_mask shape "
-                             f"{tuple(response_mask.shape)}")
 
 
 def token_advantages(advantages: Tensor, response_mask: Tensor) -> Tensor:
@@ -96,7 +86,7 @@ def token_classes(token_logprobs: Tensor, advantages: Tensor, response_mask: Ten
         token_logprobs: Float[B, T] log-prob of each sampled token (at the rollout temperature).
         advantages: Float[B] or Float[B, T]; response_mask: Bool[B, T]; tau: in (0, 1].
     """
-    _check_bt(response_mask, token_logprobs=token_logprobs)
+    check_token_shapes(response_mask, token_logprobs=token_logprobs)
     if not 0.0 < tau <= 1.0:
         raise ValueError(f"tau must be in (0, 1], got {tau}")
     adv = token_advantages(advantages, response_mask)
@@ -134,7 +124,7 @@ def loss_token_weights(
     (ratio 1) ``w_t = A_t / N`` (token_mean); where the clip is active, 0. KL-Cov's penalty is not
     part of this loss.
     """
-    _check_bt(response_mask, logprobs=logprobs, old_logprobs=old_logprobs)
+    check_token_shapes(response_mask, logprobs=logprobs, old_logprobs=old_logprobs)
     if loss_agg not in LOSS_AGG:
         raise ValueError(f"loss_agg must be one of {tuple(LOSS_AGG)}, got {loss_agg!r}")
     lp = logprobs.detach().to(torch.float64).clone().requires_grad_(True)
@@ -172,7 +162,7 @@ def state_cov_proxy(token_logprobs: Tensor, advantages: Tensor, response_mask: T
     """The covariance centred at each position: ``-A_t (lp_t + H_t) / N``, Float[B, T] (float64), 0 off
     the response. ``lp + H`` is the sampled token's log-prob minus its expectation under the policy at
     that position, so a near-certain token (lp ~ 0, H ~ 0) gets ~0, unlike :func:`cov_proxy`."""
-    _check_bt(response_mask, token_logprobs=token_logprobs, token_entropy=token_entropy)
+    check_token_shapes(response_mask, token_logprobs=token_logprobs, token_entropy=token_entropy)
     adv = token_advantages(advantages, response_mask).to(torch.float64)
     centred = token_logprobs.detach().to(torch.float64) + token_entropy.detach().to(torch.float64)
     n = max(int(response_mask.sum()), 1)
@@ -252,7 +242,7 @@ def probability_bins(per_token: Tensor, token_logprobs: Tensor, advantages: Tens
     """Per-token terms summed by advantage sign and probability bin [edges[i], edges[i+1]) (the last
     bin closed at 1): ``{"pos": {"0.95-0.99": x, ...}, "neg": {...}}``. The MPT term at threshold
     tau = an edge is the sum of the ``pos`` bins from tau up."""
-    _check_bt(response_mask, per_token=per_token, token_logprobs=token_logprobs)
+    check_token_shapes(response_mask, per_token=per_token, token_logprobs=token_logprobs)
     if list(edges) != sorted(edges) or edges[0] > 0.0 or edges[-1] < 1.0:
         raise ValueError(f"edges must be increasing from <= 0 to >= 1, got {list(edges)}")
     x = per_token.detach().to(torch.float64)

@@ -3,7 +3,7 @@ held-out avg@k end above the base model's?
 
     ulorl-bench learning-signal                       # experiments/quickstart.yaml, seeds 0-5 (~5-10 min, 2 cores)
     ulorl-bench learning-signal --seeds 0,1,2 --json  # one JSON object on stdout
-    ulorl-bench learning-signal experiments/quickstart.yaml train.max_steps=20 --workdir /tmp/ls
+    ulorl-bench learning-signal experiments/quickstart.yaml train.max_steps=20 --workdir runs/learning_signal
 
 Each seed is one real run (embedded model, HF engine, math-verify, SQLite MLflow) with data order,
 rollout sampling and the trainer seeded alike, read back from MLflow: the admission-cohort reward

@@ -2,7 +2,7 @@
 default profile's warm start, then an independent held-out check, side by side with the shipped build.
 
     ulorl-bench warmstart-rebuild                  # the full recipe (the shipped build took 46 min, 1 thread)
-    ulorl-bench warmstart-rebuild --json --workdir /tmp/ws
+    ulorl-bench warmstart-rebuild --json --workdir runs/warmstart_rebuild
     ulorl-bench warmstart-rebuild --max-steps 2 --eval-n 8 --check-n 8   # the plumbing in seconds
 
 The rebuild is ``ulorl.models.warmstart.train_warmstart`` with the shipped recipe (``profile_config()``:

@@ -8,7 +8,6 @@ The process becomes the Streamlit server (exec), so its PID is the server's: SIG
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import socket
 import sys
@@ -17,6 +16,7 @@ from typing import Optional
 
 from ulorl.jsonout import emit_json, json_command
 from ulorl.tracking import resolve_tracking_uri
+from ulorl.tracking.uri import is_loopback
 
 REPO_APP = Path(__file__).resolve().parents[3] / "dashboard" / "app.py"
 PACKAGED_APP = Path(__file__).resolve().parents[1] / "dashboard" / "entry" / "app.py"
@@ -42,16 +42,6 @@ def port_in_use(address: str, port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def is_loopback(address: str) -> bool:
-    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 def streamlit_command(app: Path, port: int, address: str = "127.0.0.1") -> list[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.scale.layout import PlacementError
+from ulorl.tracking.uri import is_loopback
 
 PROBE_DIR = ".node-check"
 
@@ -32,17 +33,6 @@ PROBE_DIR = ".node-check"
 def is_local_store(uri: str) -> bool:
     """A store that lives in a file of this machine (sqlite, a bare path), not behind a server."""
     return uri.startswith("sqlite:") or "://" not in uri
-
-
-def is_loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def store_plan(uri: str, driver: dict[str, Any], trainer0: dict[str, Any], server_host: str) -> str:

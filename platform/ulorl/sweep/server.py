@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import secrets
@@ -44,7 +43,7 @@ from typing import Any, Optional
 
 from ulorl.sweep.server_guard import cmdline, group_members, stop_group
 from ulorl.tracking.store import prepare_store
-from ulorl.tracking.uri import artifact_root_for
+from ulorl.tracking.uri import artifact_root_for, is_loopback
 
 ADMIN_USER = "ulorl-admin"
 STATE_FILE = "tracking_server.json"   # in the sweep folder while its server runs
@@ -55,15 +54,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host if host != "0.0.0.0" else "", 0))
         return s.getsockname()[1]
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def advertised_host(host: str) -> str:

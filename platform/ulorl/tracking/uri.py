@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Optional
@@ -41,3 +42,13 @@ def artifact_root_for(uri: str) -> Optional[str]:
         db = Path(uri[len("sqlite:///"):])
         return (db.parent / f"{db.stem}-artifacts").as_uri()
     return None
+
+
+def is_loopback(host: str) -> bool:
+    """True for an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

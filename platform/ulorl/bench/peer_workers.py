@@ -12,7 +12,7 @@ step. The process answers commands on a pipe:
 
 ``wall_s`` is the step's wall time; ``cpu_s`` the process CPU time it used (less sensitive to
 other load on a shared machine); ``rollout_*`` generation plus reward scoring (timed around the
-trainer's own rollout call: ulorl's ``Trainer._rollout``, TRL's ``_generate_and_score_completions``,
+trainer's own rollout call: ulorl's ``Trainer.rollout_round``, TRL's ``_generate_and_score_completions``,
 which also computes the advantages); ``update_*`` the rest of the step (forward, backward,
 optimizer, weight hand-over to the engine, logging). ``train_real_tokens`` / ``train_padded_tokens``:
 prompt + response tokens of the trained batch, and the tokens one training forward runs on with its
@@ -150,7 +150,7 @@ class UlorlRunner:
         self.trainer = Trainer(self.exp, run_dir=workdir / "run", progress=False)
         self.trainer.setup()
         self.rollout_clock = _Clock()
-        self.trainer._rollout = self.rollout_clock.wrap(self.trainer._rollout)  # type: ignore[method-assign]
+        self.trainer.rollout_round = self.rollout_clock.wrap(self.trainer.rollout_round)  # type: ignore[method-assign]
 
     def info(self) -> dict[str, Any]:
         import torch

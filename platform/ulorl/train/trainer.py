@@ -11,7 +11,6 @@ Use ``train(cfg)`` from Python or ``ulorl-train EXPERIMENT.yaml [overrides]`` fr
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 
 import torch
 
-from ulorl.config import ExperimentConfig, config_to_yaml, flatten_config
+from ulorl.config import ExperimentConfig
 from ulorl.eval.final import final_bench, final_items
 from ulorl.eval.runner import evaluate, split_result
 from ulorl.reward import RewardScorer
@@ -32,21 +31,19 @@ from ulorl.reward.judge import judge_from_config
 from ulorl.rollout.engine_config import engine_rollout_config, prompt_budget
 from ulorl.rollout.engines import MissingExtraError, make_engine, vllm_available
 from ulorl.rollout.pools import has_mixed_rewards
-from ulorl.rollout.scheduler import PromptRequest, SegmentScheduler
+from ulorl.rollout.scheduler import PromptRequest, RolloutStepResult, SegmentScheduler
 from ulorl.rollout.types import Engine, Sample, SamplingParams
 from ulorl.rollout.weight_sync import push_weights
-from ulorl.tracking import resolve_tracking_uri, schema
-from ulorl.tracking.run import RunTracker
+from ulorl.tracking import resolve_tracking_uri
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
-from ulorl.train.cohorts import CohortRewards
 from ulorl.train.deepspeed_backend import DeepSpeedBackend, is_partitioned
 from ulorl.train.distributed import dist_env, launch_role
 from ulorl.train.entropy_probe import probed_update
 from ulorl.train.fill import merge_round_metrics
-from ulorl.train.length_audit import LengthAudit
 from ulorl.train.progress import TrainProgress
 from ulorl.train.prompts import PromptStream, load_items
+from ulorl.train.record import RunRecord, rollout_metrics, update_metrics
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.update import (
@@ -72,7 +69,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ulorl.train")
 
-RUN_ID_FILE = "mlflow_run_id"
 StepCallback = Callable[[int, dict[str, float], Optional[Path]], None]
 
 
@@ -157,22 +153,6 @@ def find_resume_dir(cfg: ExperimentConfig, resume: str) -> Path:
     return candidates[-1].resolve()
 
 
-def _sample_record(step: int, s: Sample, tokenizer: Any, masked: list[int]) -> dict[str, Any]:
-    return {
-        "step": step,
-        "sample_id": s.sample_id,
-        "group_id": s.group_id,
-        "reward": s.reward,
-        "status": s.status.value,
-        "prompt_text": s.prompt_text,
-        "response_text": tokenizer.decode(s.response_ids, skip_special_tokens=False),
-        "tokens": [tokenizer.decode([t], skip_special_tokens=False) for t in s.response_ids],
-        "segments": [{"start": g.start, "end": g.end, "version": g.version} for g in s.segments],
-        "masked_positions": masked,
-        "answer": s.answer,
-    }
-
-
 class Trainer:
     """Owns model, engine, scheduler, scorer, tracker for one training run."""
 
@@ -205,11 +185,12 @@ class Trainer:
         self.engine_factory = engine_factory  # (rollout_cfg, model, tokenizer) -> Engine; default make_engine
         self.allow_config_change = allow_config_change  # resume even if unsafe keys changed (train.resume)
         self.stop = _StopFlag()
-        self.run_id: Optional[str] = None
-        self._pending_metrics: list[list[Any]] = []
-        self.cohorts = CohortRewards()
-        self._cohort_train_step: dict[int, int] = {}
-        self.audit = LengthAudit()
+        self.record = RunRecord(cfg, self.run_dir, self.tracking_uri)
+
+    @property
+    def run_id(self) -> Optional[str]:
+        """The run's MLflow run id (None before :meth:`setup` on a new run, and on worker ranks)."""
+        return self.record.run_id
 
     # ------------------------------------------------------------------ set-up
     def setup(self) -> None:
@@ -276,14 +257,13 @@ class Trainer:
         self.wall_s = 0.0
         self.pending_prompts: list[Any] = []
         self.last_eval: dict[str, float] = {}
-        self.tracker: Optional[RunTracker] = None
         if self.resume_dir is not None:
             ckpt = ckpt_io.latest_checkpoint(self.resume_dir)
             if ckpt is None:   # find_resume_dir checked that one exists
                 raise FileNotFoundError(f"--resume: no checkpoint under {self.resume_dir}")
             self._load(ckpt)
         if self.backend.is_main_process:
-            self._start_tracking()
+            self.record.start(self.step, self.parent_run_id, self.extra_tags)
         self._t_start = time.perf_counter() - self.wall_s
 
     def _make_backend(self, model: torch.nn.Module) -> TrainBackend:
@@ -292,43 +272,6 @@ class Trainer:
             return finish_backend(DeepSpeedBackend(model, self.cfg.train, rollout_copy=rollout_copy_needed(self.cfg)),
                                   self.cfg)
         return TorchBackend(model, self.cfg.train)
-
-    def _start_tracking(self) -> None:
-        cfg = self.cfg
-        id_file = self.run_dir / RUN_ID_FILE
-        if not self.run_id and id_file.is_file():
-            # restarted before its first checkpoint: nothing was flushed, reuse the run (no duplicate)
-            self.run_id = id_file.read_text().strip()
-        if self.run_id:
-            self.tracker = RunTracker.resume(self.tracking_uri, self.run_id)
-            self.tracker.set_tags({"ulorl.resumed_at_step": str(self.step)})
-            # resumed from a checkpoint older than the run's last flush (an earlier one chosen past a damaged
-            # one): the steps run again are already stored, and are not logged a second time
-            self.tracker.skip_stored_points(after_step=self.step, probe_key=schema.SKIPPED_METRIC)
-            self.tracker.restore_pending(self._pending_metrics)
-            self.tracker.flush()
-            return
-        tags = {
-            schema.KIND_TAG: "train",
-            schema.EXPERIMENT_TAG: cfg.name,
-            "ulorl.run_dir": str(self.run_dir),
-            **cfg.tracking.tags,
-            **self.extra_tags,
-        }
-        if cfg.tracking.paper_ref:
-            tags[schema.PAPER_REF_TAG] = cfg.tracking.paper_ref
-        self.tracker = RunTracker.start(
-            self.tracking_uri,
-            cfg.tracking.experiment,
-            cfg.tracking.run_name or cfg.name,
-            flatten_config(cfg),
-            tags,
-            parent_run_id=self.parent_run_id,
-        )
-        self.run_id = self.tracker.run_id
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        id_file.write_text(self.run_id + "\n")
-        self.tracker.log_text(config_to_yaml(cfg), "config/resolved.yaml")
 
     # ------------------------------------------------------------------ checkpoint
     def _trainer_state(self) -> dict[str, Any]:
@@ -341,9 +284,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "pending_prompts": [p.__dict__ for p in self.pending_prompts],
             "last_eval": self.last_eval,
-            "cohorts": self.cohorts.state_dict(),
-            "length_audit": self.audit.state_dict(),
-            "pending_metrics": self.tracker.pending() if self.tracker is not None else [],
+            **self.record.state_dict(),
             "config": self.cfg.model_dump(mode="json"),
         }
 
@@ -356,8 +297,7 @@ class Trainer:
         path = ckpt_io.write_checkpoint(
             self.run_dir, self.step, self._trainer_state(), payload, keep=self.cfg.train.keep_checkpoints
         )
-        if self.tracker is not None:
-            self.tracker.flush()
+        self.record.flush()
         return path
 
     def _load(self, path: Path) -> None:
@@ -379,19 +319,12 @@ class Trainer:
         self.step = int(state["step"])
         self.policy_version = int(state["policy_version"])
         self.wall_s = float(state["wall_s"])
-        self.run_id = state.get("run_id")
         self.stream.load_state_dict(state["data"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.pending_prompts = [PromptRequest(**p) for p in state.get("pending_prompts", [])]
         self.last_eval = state.get("last_eval", {})
-        self.cohorts.load_state_dict(state.get("cohorts", {}))
         in_pool = len(self.scheduler.pools.unfinished) + self.scheduler.pools.experience.num_samples
-        if "length_audit" in state:
-            self.audit.load_state_dict(state["length_audit"])
-        else:  # a checkpoint from before the length audit: count from the samples in flight
-            self.audit.admit(in_pool)
-        self.audit.reconcile(in_pool)
-        self._pending_metrics = state.get("pending_metrics", [])
+        self.record.load_state_dict(state, in_pool)
         ckpt_io.load_rng(path)
         push_weights(self.engine, self.backend, self.policy_version)
         log.info("resumed from %s at step %d", path, self.step)
@@ -411,7 +344,10 @@ class Trainer:
             self.device, self.cfg.train.bf16,
         )
 
-    def _rollout(self) -> tuple[Any, dict[str, float]]:
+    def rollout_round(self) -> tuple[RolloutStepResult, dict[str, float]]:
+        """One round of segment rollout: the prompts the scheduler wants (deferred ones first), one
+        segment of every sample in flight, rewards for the finished; the round is counted in the run's
+        record and returned with its metrics (``ulorl.train.record.rollout_metrics``)."""
         wanted = self.scheduler.prompts_wanted(self.policy_version)
         fresh = wanted - len(self.pending_prompts)
         new = self.pending_prompts + (self.stream.take(fresh) if fresh > 0 else [])
@@ -419,50 +355,43 @@ class Trainer:
         res = self.scheduler.step(new, self.policy_version, score_fn=self._score, on_segment=self._on_segment)
         dt = time.perf_counter() - t0
         self.pending_prompts = list(res.deferred_prompts)
-        self.audit.rolled_out(res.admitted, res.completed, res.clipped_ids, res.dropped_samples)
-        m = res.metrics()
-        m["rollout/prompts_dropped_too_long"] = float(self.stream.dropped_too_long)
-        rewards = [float(s.reward or 0.0) for s in res.completed]
-        st = res.engine_stats
-        useful = st.useful_tokens if st and st.useful_tokens else res.decoded_tokens
-        slots = st.row_slots if st and st.row_slots else 0
-        m.update(
-            {
-                "rollout/tokens_per_s": res.decoded_tokens / dt if dt > 0 else 0.0,
-                "rollout/finished_per_s": (res.finished + res.truncated) / dt if dt > 0 else 0.0,
-                "rollout/decode_utilization": useful / slots if slots else 1.0,
-                "time/rollout_s": dt,
-            }
-        )
-        m.setdefault("rollout/response_len_mean", 0.0)
-        m.setdefault("rollout/response_len_max", 0.0)
-        if rewards:
-            m["rollout/reward_mean"] = sum(rewards) / len(rewards)
-        self._track_cohorts(res)
-        rs = self.scorer.stats
-        m["reward/timeouts"] = float(rs.get("timeouts", 0))
-        m["reward/no_answer"] = float(rs.get("no_answer", 0))
-        if self.judge is not None:
-            m["reward/judge_calls"] = float(rs.get("judge_calls", 0))
-            m["reward/judge_flips"] = float(rs.get("judge_flips", 0))
-        return res, m
+        self.record.rolled_out(res, self.step)
+        return res, rollout_metrics(res, dt, self.stream.dropped_too_long, self.scorer.stats, self.judge is not None)
 
-    def _track_cohorts(self, res: Any) -> None:
-        """Admission-cohort reward (``ulorl.train.cohorts``), logged at the cohort's own training step.
-        Cohorts are keyed by the scheduler's step (``Sample.created_step``), unique per rollout."""
-        self.cohorts.admit(res.step, res.admitted)
-        self._cohort_train_step[res.step] = self.step  # several rounds per step with dynamic_sampling_fill
-        for s in res.completed:
-            self.cohorts.complete(s.created_step, float(s.reward or 0.0), s.response_len)
-        for s in res.dropped_samples:
-            if s.finished_step is None:  # a member already done was counted when it completed
-                self.cohorts.complete(s.created_step, None, 0)
-        offset = self.step - res.step            # trainer steps count from 1, the scheduler's from 0
-        for c in self.cohorts.pop_closed():
-            if self.tracker is not None:
-                self.tracker.add_metrics({schema.COHORT_REWARD_METRIC: c.reward_mean,
-                                          schema.COHORT_LEN_METRIC: c.response_len_mean},
-                                         self._cohort_train_step.pop(c.step, c.step + offset))
+    def _rollout_released(self) -> tuple[RolloutStepResult, dict[str, float]]:
+        """Roll out one round, or with ``algo.dynamic_sampling_fill`` (DAPO) more rounds until a group is
+        released or ``algo.dynamic_sampling_fill_max_rounds`` is reached; the last round's result and the
+        rounds' metrics merged (``ulorl.train.fill``)."""
+        algo = self.cfg.algo
+        res, metrics = self.rollout_round()
+        if algo.dynamic_sampling_fill:
+            metrics["rollout/fill_rounds"] = 1.0
+            while not res.groups and metrics["rollout/fill_rounds"] < algo.dynamic_sampling_fill_max_rounds:
+                res, more = self.rollout_round()
+                metrics = merge_round_metrics(metrics, more)
+        return res, metrics
+
+    def _update(self, released: list[Sample]) -> tuple[Optional[UpdateResult], dict[str, float]]:
+        """The policy update on the ``released`` samples, then the new weights pushed to the engine: the
+        update (None when nothing was released) and what the step logs of it."""
+        t1 = time.perf_counter()
+        update = None
+        if released and self.engine.colocate:
+            self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
+        if released:
+            # policy_update, plus the exact entropy decomposition every train.entropy_probe_every steps
+            update = probed_update(released, UpdateContext.of_run(self.backend, self.cfg, self.pad_id, self.device),
+                                   self.step, self.policy_version)   # the version that decoded this step's segments
+        metrics = {"time/train_s": time.perf_counter() - t1}
+        if update is not None and update.updated:
+            self.policy_version += 1
+            push_weights(self.engine, self.backend, self.policy_version)
+        elif self.engine.asleep:
+            # a colocated vLLM engine slept at level 2 (weights discarded): the unchanged weights wake it
+            push_weights(self.engine, self.backend, self.policy_version)
+        metrics.update(update_metrics(update, self.step, self.cfg.rollout.min_ready_groups))
+        metrics["train/policy_version"] = float(self.policy_version)
+        return update, metrics
 
     def _eval(self, final: bool = False) -> dict[str, float]:
         """The periodic held-out eval; ``final``: the eval.final one (its problems, its k, eval/<bench>_final/*)."""
@@ -484,88 +413,52 @@ class Trainer:
             bench_name=bench,
             progress=False,
         )
+        # the whole set, then its selection / confirmation parts (eval.select_problems)
         parts = [result] + (list(split_result(result, e.select_problems)) if e.select_problems and not final else [])
-        metrics: dict[str, float] = {}
-        for part in parts:   # the whole set, then its selection / confirmation parts (eval.select_problems)
-            if self.tracker is not None:
-                self.tracker.log_text(part.per_problem_csv(), schema.per_problem_artifact(part.bench, self.step))
-            metrics.update(part.metrics())
-        return metrics
+        return self.record.evaluated(parts, self.step)
 
-    # ------------------------------------------------------------------ one step
-    def train_step(self) -> StepResult:
-        """One training step after :meth:`setup`: advance ``step``, roll out, update on the released
-        groups, push the new weights to the engine, evaluate when due, and log the step's metrics
-        (and samples) to the tracker. Checkpoints, progress and callbacks are ``run``'s."""
-        cfg = self.cfg
-        self.step += 1
-        if self.fail_at_step is not None and self.step == self.fail_at_step:
-            raise RuntimeError(f"injected failure at step {self.step} (fail_at_step)")
-        t_step = time.perf_counter()
-        res, metrics = self._rollout()
-        if cfg.algo.dynamic_sampling_fill:  # DAPO-style: roll out more until mixed groups are released
-            metrics["rollout/fill_rounds"] = 1.0
-            while not res.groups and metrics["rollout/fill_rounds"] < cfg.algo.dynamic_sampling_fill_max_rounds:
-                res, more = self._rollout()
-                metrics = merge_round_metrics(metrics, more)
-        samples = [s for g in res.groups for s in g]
-        t1 = time.perf_counter()
-        update = None
-        if samples and self.engine.colocate:
-            self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
-        if samples:
-            # policy_update, plus the exact entropy decomposition every train.entropy_probe_every steps
-            update = probed_update(samples, UpdateContext.of_run(self.backend, cfg, self.pad_id, self.device),
-                                   self.step, self.policy_version)   # the version that decoded this step's segments
-        metrics["time/train_s"] = time.perf_counter() - t1
-        if update is not None and update.updated:
-            self.policy_version += 1
-            push_weights(self.engine, self.backend, self.policy_version)
-            metrics.update(update.metrics)
-            metrics[schema.SKIPPED_METRIC] = 0.0
-        else:
-            reason = update.reason if update is not None else (
-                f"no complete group ready (need {cfg.rollout.min_ready_groups})"
-            )
-            log.info("step %d: no update: %s", self.step, reason)
-            if update is not None:
-                metrics["train/reward_mean_released"] = update.metrics.get("train/reward_mean", 0.0)
-                if "train/nonfinite" in update.metrics:
-                    metrics["train/nonfinite"] = 1.0
-                    metrics[schema.NONFINITE_GRAD_METRIC] = update.metrics.get(schema.NONFINITE_GRAD_METRIC, 0.0)
-                    log.warning("step %d: %s", self.step, reason)
-            metrics[schema.SKIPPED_METRIC] = 1.0
-            if self.engine.asleep:
-                # a colocated vLLM engine slept at level 2 (weights discarded): the unchanged weights wake it
-                push_weights(self.engine, self.backend, self.policy_version)
-        if samples:
-            self.audit.released(samples, update is not None and update.updated, cfg.algo.dynamic_sampling)
-        pools = self.scheduler.pools
-        metrics.update(self.audit.step_metrics(list(pools.unfinished), pools.experience.samples(),
-                                               self.scheduler.decoded_tokens_total, self.stream.dropped_too_long))
-        metrics["train/policy_version"] = float(self.policy_version)
-        if cfg.eval.every and (self.step % cfg.eval.every == 0 or self.step == cfg.train.max_steps):
+    def _eval_due(self) -> dict[str, float]:
+        """The periodic eval when due (every ``eval.every`` steps and at the last; its metrics repeat at
+        every step until the next), and eval.final's once, after the last step (``ulorl.eval.final``)."""
+        e, max_steps = self.cfg.eval, self.cfg.train.max_steps
+        metrics: dict[str, float] = {}
+        if e.every and (self.step % e.every == 0 or self.step == max_steps):
             t_e = time.perf_counter()
             self.last_eval = self._eval()
             metrics["time/eval_s"] = time.perf_counter() - t_e
         metrics.update(self.last_eval)
-        if cfg.eval.final.k and self.step == cfg.train.max_steps:   # once, after the last step (ulorl.eval.final)
+        if e.final.k and self.step == max_steps:
             t_f = time.perf_counter()
             metrics.update(self._eval(final=True))
             metrics["time/final_eval_s"] = time.perf_counter() - t_f
+        return metrics
+
+    # ------------------------------------------------------------------ one step
+    def train_step(self) -> StepResult:
+        """One training step after :meth:`setup`: roll out until groups are released, update on them and
+        push the new weights to the engine, evaluate when due, and record the step (metrics, samples,
+        the length audit: ``ulorl.train.record``). Checkpoints, progress and callbacks are ``run``'s."""
+        self.step += 1
+        if self.fail_at_step is not None and self.step == self.fail_at_step:
+            raise RuntimeError(f"injected failure at step {self.step} (fail_at_step)")
+        t_step = time.perf_counter()
+        res, metrics = self._rollout_released()
+        released = [s for g in res.groups for s in g]
+        update, trained = self._update(released)
+        metrics.update(trained)
+        metrics.update(self._eval_due())
         metrics["time/step_s"] = time.perf_counter() - t_step
         self.wall_s = time.perf_counter() - self._t_start
         metrics["time/wall_s"] = self.wall_s
-        if self.tracker is not None:
-            self.tracker.add_metrics(metrics, self.step)
-            self._log_samples(update)
+        metrics = self.record.step(self.step, metrics, released=released, update=update, pools=self.scheduler.pools,
+                                   decoded_tokens_total=self.scheduler.decoded_tokens_total,
+                                   prompts_dropped_too_long=self.stream.dropped_too_long, tokenizer=self.tokenizer)
         return StepResult(metrics=metrics, update=update, rollout=res)
 
     def close(self, status: str = "FINISHED") -> None:
         """Release what :meth:`setup` started (reward workers, the tracker's run) without ``run``."""
         self.scorer.close()
-        if self.tracker is not None:
-            self.tracker.end(status)
+        self.record.end(status)
 
     # ------------------------------------------------------------------ loop
     def run(self) -> TrainResult:
@@ -582,8 +475,7 @@ class Trainer:
         try:
             if self.eval_at_start and cfg.eval.every and self.step == 0 and not self.last_eval:
                 self.last_eval = self._eval()
-                if self.tracker is not None:
-                    self.tracker.add_metrics(self.last_eval, 0)
+                self.record.log_metrics(self.last_eval, 0)
             while self.step < cfg.train.max_steps and self.stop.signal is None:
                 if cfg.train.max_wall_s and self.wall_s >= cfg.train.max_wall_s:
                     log.info("train.max_wall_s reached at step %d", self.step)
@@ -598,13 +490,11 @@ class Trainer:
                     self.step_callback(self.step, metrics, ckpt_path)
             if self.stop.signal is not None:
                 status = "KILLED"
-            if self.tracker is not None and (self.stop.signal is not None or self.step < cfg.train.max_steps):
+            if self.record.tracker is not None and (self.stop.signal is not None or self.step < cfg.train.max_steps):
                 self.save_checkpoint()
         except BaseException:
             status = "FAILED"
-            if self.tracker is not None:
-                self.tracker.drop_buffer()  # points past the last checkpoint would be duplicated on resume
-                self.tracker.client.set_terminated(self.tracker.run_id, status="FAILED")
+            self.record.failed()
             raise
         finally:
             progress.close()
@@ -613,29 +503,12 @@ class Trainer:
             # multi-process: releases the worker ranks (they return this info)
             self.backend.close(run_id=self.run_id, run_dir=str(self.run_dir), steps=self.step,
                                interrupted=self.stop.signal is not None)
-        if self.tracker is not None:
-            final = ckpt_io.latest_checkpoint(self.run_dir)
-            if final is not None and status == "FINISHED":
-                self.tracker.log_artifacts(final / "model", "checkpoints/final")
-            self.tracker.end(status)
+        final = ckpt_io.latest_checkpoint(self.run_dir) if status == "FINISHED" else None
+        self.record.end(status, final / "model" if final is not None else None)
         return TrainResult(
             run_id=self.run_id, run_dir=self.run_dir, steps=self.step, last_metrics=last,
             interrupted=status == "KILLED", tracking_uri=self.tracking_uri, stop_signal=self.stop.signal,
         )
-
-    def _log_samples(self, update: Any) -> None:
-        tc = self.cfg.tracking
-        if self.tracker is None or update is None or not update.updated or tc.samples_per_log == 0 \
-                or self.step % tc.sample_every:
-            return
-        batch = update.batch
-        lines = []
-        for b, s in enumerate(update.kept_samples[: tc.samples_per_log]):
-            p = batch.prompt_lens[b]
-            masked_t = update.loss_mask[b].nonzero().flatten().tolist()
-            masked = [t - (p - 1) for t in masked_t]
-            lines.append(json.dumps(_sample_record(self.step, s, self.tokenizer, masked)))
-        self.tracker.log_text("\n".join(lines) + "\n", f"samples/step_{self.step:06d}.jsonl")
 
 
 def train(cfg: ExperimentConfig, **kwargs: Any) -> TrainResult:

@@ -29,17 +29,6 @@ SAMPLES_DIR = "samples"
 CHECKPOINTS_DIR = "checkpoints"
 _SAMPLE_FILE = re.compile(r"step_(\d+)\.jsonl$")
 
-# Short column names for the key params (schema.KEY_PARAMS) in tables.
-PARAM_LABELS: dict[str, str] = {
-    "rollout.segments": "segments",
-    "rollout.max_response_len": "max_len",
-    "rollout.batching": "batching",
-    "algo.mpt.tau": "tau",
-    "algo.mpt.sigma": "sigma",
-    "algo.mpt.mode": "mask_mode",
-    "algo.is_mode": "is_mode",
-}
-
 
 def sqlite_path(uri: str) -> Optional[Path]:
     """``sqlite:////abs/mlflow.db`` -> ``Path('/abs/mlflow.db')``; None for other schemes."""

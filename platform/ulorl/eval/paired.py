@@ -48,7 +48,7 @@ ARMS_IDENTICAL = "arms identical"   # the two arms' runs are bit-identical: ther
 REFUSED = "refused"                 # a selected configuration with no problems the selection did not see
 
 
-# ----------------------------------------------------------------------------- per-problem scores
+# ----------------------------------------------------------------------------- over problems
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = N_BOOT, alpha: float = ALPHA,
                      seed: int = 0) -> tuple[float, float, float]:
     """Mean paired difference ``mean(a - b)`` and its percentile bootstrap interval.

@@ -488,7 +488,7 @@ def test_split_feeds_the_sweep_verdict_and_the_headline_claim(tmp_path: Path, em
     from ulorl.config import load_experiment
     from ulorl.models.tiny import build_tiny_model
     from ulorl.models.tokenizer import build_tokenizer
-    from ulorl.sweep import ranking
+    from ulorl.sweep import summary as sweep_summary
     from ulorl.sweep.spec import load_sweep
     from ulorl.train.trainer import Trainer
 
@@ -526,7 +526,7 @@ def test_split_feeds_the_sweep_verdict_and_the_headline_claim(tmp_path: Path, em
 
     spec, base_path, base_dict = load_sweep(root / "sweeps" / "choice" / "mpt_threshold.yaml")
     assert spec.metrics == ["eval/heldout_select/avg_at_k"]
-    summary = ranking.summarize(client, parent, spec, base_dict, base_path)
+    summary = sweep_summary.summarize(client, parent, spec, base_dict, base_path)
     assert summary["best"]["run_id"] == ids["search"]
     assert summary["best"]["objective"] == pytest.approx(sel)     # ranked on the selection part
     assert [(p["seed_offset"], p["run_id"], p["problems"]) for p in summary["per_seed"]] == \

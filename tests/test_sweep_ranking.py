@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 
 from ulorl.config import parse_override
-from ulorl.sweep import ranking
-from ulorl.sweep.ranking import Trial, paired_bootstrap, parse_per_problem_csv, train_command, verdict
+from ulorl.sweep import command, ranking
+from ulorl.sweep.command import train_command
+from ulorl.sweep.ranking import Trial, paired_bootstrap, verdict
 from ulorl.sweep.spec import trial_run_name
+from ulorl.sweep.summary_text import ranking_csv
+from ulorl.tracking.read import parse_per_problem_csv
 
 
 def _trial(run_id: str, role: str, seed: int, scores: list[float], objective: float | None = None) -> Trial:
@@ -107,13 +110,13 @@ def test_ranking_rows_pair_with_the_same_seed_baseline():
     assert rows["t1"]["baseline_run_id"] == "b0"
     assert rows["r1"]["baseline_run_id"] == "b1" and rows["r1"]["diff_vs_baseline"] == pytest.approx(-0.5)
     assert rows["b0"]["diff_vs_baseline"] is None and rows["b0"]["rank"] is None
-    csv_head = ranking.ranking_csv(list(rows.values())).splitlines()[0].split(",")
+    csv_head = ranking_csv(list(rows.values())).splitlines()[0].split(",")
     assert csv_head[: len(ranking.RANKING_COLUMNS)] == list(ranking.RANKING_COLUMNS)
 
 
 @pytest.mark.parametrize("value", [0.95, 0.09312345678, 4, "off", "dynamic", True, "0.5"])
 def test_override_values_parse_back_to_the_same_type(value):
-    key, parsed = parse_override(f"algo.mpt.tau={ranking.override_value(value)}")
+    key, parsed = parse_override(f"algo.mpt.tau={command.override_value(value)}")
     assert parsed == value and type(parsed) is type(value)
 
 
@@ -149,12 +152,12 @@ def test_best_command_of_a_variant_sweep_carries_the_variant_and_its_seeds(tmp_p
         "name": "s", "base": "x.yaml", "search": {"algorithm": "grid"}, "repeats": 3, "stop": {"steps": 150},
         "variants": [{"name": "off", "overrides": {"algo.mpt.mode": "off"}},
                      {"name": "dmmpt", "overrides": {"algo.mpt.mode": "dynamic", "algo.mpt.sigma": 0.2}}]})
-    fixed = ranking.fixed_overrides(spec)
+    fixed = command.fixed_overrides(spec)
     best = _trial("r1", "search", 2, [1.0])
     best.variant = "dmmpt"
-    out = ranking.best_trial_overrides(spec, base, fixed, best)
+    out = command.best_trial_overrides(spec, base, fixed, best)
     assert out == {"train.max_steps": 150, "algo.mpt.mode": "dynamic", "algo.mpt.sigma": 0.2,
                    "data.seed": 2, "rollout.seed": 7, "train.seed": 2}
     seed0 = _trial("r0", "search", 0, [1.0])
     seed0.variant = "off"
-    assert ranking.best_trial_overrides(spec, base, fixed, seed0) == {"train.max_steps": 150, "algo.mpt.mode": "off"}
+    assert command.best_trial_overrides(spec, base, fixed, seed0) == {"train.max_steps": 150, "algo.mpt.mode": "off"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ulorl.config import apply_overrides, config_from_dict
-from ulorl.sweep import ranking
+from ulorl.sweep import command
 from ulorl.sweep.launch import SweepRunner
 from ulorl.sweep.spec import SweepError, load_sweep
 
@@ -27,7 +27,7 @@ def test_headline_sweep_carries_a_non_segmented_reference_with_the_trials_batchi
     spec, _, base = load_sweep(HEADLINE)
     ref = spec.speed_reference
     assert ref is not None and ref.purpose == "speedup" and ref.seeds == 1
-    fixed = ranking.fixed_overrides(spec)
+    fixed = command.fixed_overrides(spec)
     trials = config_from_dict(apply_overrides(base, fixed))
     reference = config_from_dict(apply_overrides(base, {**fixed, **ref.overrides}))
     assert reference.rollout.segments == 1 and trials.rollout.segments == 4

@@ -1,5 +1,6 @@
 """The names the readers of tracked runs share (``ulorl.tracking.schema``): the per-problem artifact,
-finding a run's last periodic one, and params read back from their logged strings."""
+finding a run's last periodic one, params read back from their logged strings, and the one table of
+config keys the dashboard, the figures and the sweeps derive their key lists from."""
 
 from __future__ import annotations
 
@@ -29,3 +30,15 @@ def test_params_read_back_from_their_logged_strings():
     assert schema.float_param("0.25") == 0.25 and schema.float_param(None) is None
     assert schema.typed_param("3") == 3 and schema.typed_param("0.5") == 0.5
     assert schema.typed_param("dynamic") == "dynamic" and schema.typed_param(None) is None
+
+
+def test_key_lists_derive_from_one_table():
+    keys = [k.key for k in schema.RUN_KEYS]
+    assert len(set(keys)) == len(keys)
+    legends = [k.legend for k in schema.RUN_KEYS if k.legend]
+    assert len(set(legends)) == len(legends)                     # one order for the figure legends
+    labels = list(schema.PARAM_LABELS.values())
+    assert len(set(labels)) == len(labels) and list(schema.PARAM_LABELS) == list(schema.KEY_PARAMS)
+    assert schema.DISTINGUISHING_KEYS[:2] == ("algo.is_mode", "algo.mpt.mode")   # the figures' primary params first
+    assert set(schema.SEED_KEYS) <= set(schema.DISTINGUISHING_KEYS)
+    assert not set(schema.SEED_KEYS) & set(schema.KEY_PARAMS)

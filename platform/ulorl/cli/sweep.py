@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from ulorl.cli.checks import tracking_uri_problem, uri_source
     from ulorl.sweep.launch import SweepAlreadyFinished, SweepInterrupted, SweepRunner
-    from ulorl.sweep.ranking import print_summary
+    from ulorl.sweep.summary_text import print_summary
     from ulorl.tracking import TrackingStoreError, resolve_tracking_uri
 
     problem = tracking_uri_problem(resolve_tracking_uri(args.tracking_uri), uri_source(args.tracking_uri))

@@ -13,6 +13,7 @@ import streamlit as st
 from mlflow import MlflowClient
 
 from ulorl.dashboard import store
+from ulorl.tracking.read import PerProblemReader
 
 QUERY_TTL_S = 30          # runs and metrics change while training: re-query at most every 30 s
 ARTIFACT_TTL_S = 600      # artifacts of a step never change once written
@@ -65,7 +66,10 @@ def text_artifact(uri: str, run_id: str, path: str) -> Optional[str]:
 
 @st.cache_data(ttl=QUERY_TTL_S, show_spinner=False)
 def per_problem(uri: str, run_id: str, bench: str) -> dict[str, float]:
-    return store.per_problem_scores(client(uri), run_id, bench)
+    """Per-problem accuracy of a run on ``bench``: an eval run's ``eval/<bench>_per_problem.csv``, else a
+    training run's last periodic one; {} when neither exists or it cannot be read (a fresh reader: the
+    listing is re-read once the TTL ends, so evals a running training logs since show up)."""
+    return PerProblemReader(client(uri)).scores(run_id, bench, whole_run=True, strict=False)
 
 
 def clear() -> None:

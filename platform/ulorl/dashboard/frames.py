@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from ulorl.dashboard.store import BEST_METRICS, PARAM_LABELS, unique_labels
+from ulorl.dashboard.store import BEST_METRICS, unique_labels
 from ulorl.report import speed
 from ulorl.sweep.ranking import common_scores, paired_bootstrap
 from ulorl.tracking import schema
@@ -79,7 +79,7 @@ def runs_table(runs: pd.DataFrame) -> pd.DataFrame:
     })
     for key in schema.KEY_PARAMS:
         col = param_col(key)
-        out[PARAM_LABELS.get(key, key)] = coerce(runs[col]) if col in runs else None
+        out[schema.PARAM_LABELS.get(key, key)] = coerce(runs[col]) if col in runs else None
     out["steps"] = runs.get("steps")
     for key in FINAL_METRICS:
         col = f"metrics.{key}"

@@ -18,7 +18,6 @@ import pandas as pd
 from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
-from ulorl.sweep.ranking import parse_per_problem_csv
 from ulorl.sweep.spec import values_summary
 from ulorl.tracking import schema
 
@@ -29,17 +28,6 @@ STEP_METRIC = "time/step_s"
 SAMPLES_DIR = "samples"
 CHECKPOINTS_DIR = "checkpoints"
 _SAMPLE_FILE = re.compile(r"step_(\d+)\.jsonl$")
-
-# Short column names for the key params (schema.KEY_PARAMS) in tables.
-PARAM_LABELS: dict[str, str] = {
-    "rollout.segments": "segments",
-    "rollout.max_response_len": "max_len",
-    "rollout.batching": "batching",
-    "algo.mpt.tau": "tau",
-    "algo.mpt.sigma": "sigma",
-    "algo.mpt.mode": "mask_mode",
-    "algo.is_mode": "is_mode",
-}
 
 
 def sqlite_path(uri: str) -> Optional[Path]:
@@ -290,12 +278,3 @@ def read_jsonl_artifact(client: MlflowClient, run_id: str, path: str) -> list[di
             records.append(rec)
     return records
 
-
-def per_problem_scores(client: MlflowClient, run_id: str, bench: str) -> dict[str, float]:
-    """Per-problem accuracy of a run on ``bench``: an eval run's ``eval/<bench>_per_problem.csv``,
-    else a training run's last ``eval/<bench>_per_problem_step_<N>.csv``; {} when neither exists."""
-    names = [e["path"] for e in list_artifacts(client, run_id, "eval") if not e["is_dir"]]
-    whole = schema.per_problem_artifact(bench)
-    path = whole if whole in names else schema.last_per_problem_artifact(names, bench)
-    text = read_text_artifact(client, run_id, path) if path else None
-    return parse_per_problem_csv(text) if text else {}

@@ -27,8 +27,6 @@ Two arms a, b run on the same seeds s = 1..n and scored on the same P held-out p
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
@@ -50,21 +48,7 @@ ARMS_IDENTICAL = "arms identical"   # the two arms' runs are bit-identical: ther
 REFUSED = "refused"                 # a selected configuration with no problems the selection did not see
 
 
-# ----------------------------------------------------------------------------- per-problem scores
-
-
-def parse_per_problem_csv(text: str) -> dict[str, float]:
-    """``problem_id -> accuracy`` (num_correct / k) from a per-problem eval CSV."""
-    out: dict[str, float] = {}
-    for row in csv.DictReader(io.StringIO(text)):
-        k = float(row.get("k") or 0)
-        if k > 0 and row.get("num_correct") not in (None, ""):
-            out[str(row["problem_id"])] = float(row["num_correct"]) / k
-        elif row.get("accuracy") not in (None, ""):
-            out[str(row["problem_id"])] = float(row["accuracy"])
-    return out
-
-
+# ----------------------------------------------------------------------------- over problems
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = N_BOOT, alpha: float = ALPHA,
                      seed: int = 0) -> tuple[float, float, float]:
     """Mean paired difference ``mean(a - b)`` and its percentile bootstrap interval.
@@ -338,7 +322,7 @@ def mde_problems(diffs: Sequence[float], level: float = LEVEL_DIRECTIONAL, power
 
 __all__ = ["ALPHA", "ARMS_IDENTICAL", "FEW_SEEDS", "HOLDS", "INCONCLUSIVE", "LEVEL_DIRECTIONAL", "LEVEL_EQUIVALENCE",
            "MIN_T_SEEDS", "NOT_HOLD", "POWER", "REFUSED", "equivalence_margin_problems", "equivalence_margin_seeds",
-           "judge", "mde_problems", "mde_seeds", "paired_bootstrap", "parse_per_problem_csv",
+           "judge", "mde_problems", "mde_seeds", "paired_bootstrap",
            "pooled_problem_differences", "pooled_problem_interval", "sampling_variance", "seed_interval_usable",
            "seeds_for_effect",
            "seeds_for_margin",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.report.store import RunInfo, RunSource
-from ulorl.tracking.schema import SEED_KEYS
+from ulorl.tracking.schema import DISTINGUISHING_KEYS, SEED_KEYS
 
 ENTROPY = "train/entropy"
 ACCURACY = "rollout/reward_mean"
@@ -30,10 +30,6 @@ MODE_NAMES = {
     "algo.is_mode": {"tois": "TOIS", "sais": "SAIS", "pois": "POIS"},
     "algo.mpt.mode": {"off": "baseline (no masking)", "static": "static MPT masking", "dynamic": "DMMPT"},
 }
-# Params that may tell two runs of one figure apart (checked in this order).
-DISTINGUISHING = ("algo.is_mode", "algo.mpt.mode", "algo.eps_high", "algo.mpt.tau", "algo.mpt.sigma",
-                  "rollout.segments", "rollout.max_response_len", "rollout.batching", "model.name_or_path",
-                  "train.seed", "rollout.seed", "data.seed")
 SEED_ALPHA = 0.25    # per-seed curves of an arm run on several seeds
 BAND_ALPHA = 0.15    # its min-max band
 SEEDS_NOTE = ("arms run on several seeds: faint lines = each seed, bold line = mean across seeds, "
@@ -263,7 +259,7 @@ def _labels(runs: list[RunInfo], primary: str, panel_param: Optional[str], seeds
     seeds keep the run name."""
     base = [_pretty(primary, r.param(primary, "?")) for r in runs]
     out = list(base)
-    params = DISTINGUISHING if seeds else tuple(p for p in DISTINGUISHING if p not in SEED_KEYS)
+    params = DISTINGUISHING_KEYS if seeds else tuple(p for p in DISTINGUISHING_KEYS if p not in SEED_KEYS)
     for lab in set(base):
         idx = [i for i, b in enumerate(base) if b == lab]
         if len(idx) < 2:

@@ -2,7 +2,8 @@
 metric histories and the per-problem scores of its periodic held-out evals.
 
 :class:`RunSource` is the one interface the reports read through; :class:`RunStore` reads an
-MLflow store (histories and per-problem CSVs on demand, cached), ``ulorl.report.results.ResultsStore``
+MLflow store (histories on demand, cached; per-problem CSVs through
+``ulorl.tracking.read.PerProblemReader``), ``ulorl.report.results.ResultsStore``
 the committed results files that an export of such a store leaves.
 
     store = RunStore.open("sqlite:////abs/mlflow.db")
@@ -13,16 +14,14 @@ the committed results files that an export of such a store leaves.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 from mlflow.entities import Experiment, ViewType
 from mlflow.tracking import MlflowClient
 
-from ulorl.eval.paired import parse_per_problem_csv
 from ulorl.tracking import schema
+from ulorl.tracking.read import PerProblemReader
 
 
 @dataclass(frozen=True)
@@ -115,8 +114,8 @@ class RunStore(RunSource):
     def __init__(self, client: MlflowClient, runs: list[RunInfo]) -> None:
         super().__init__(runs)
         self.client = client
+        self.reader = PerProblemReader(client)   # per-problem CSVs, each run's eval/ listing read once
         self._hist: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
-        self._files: dict[str, list[str]] = {}
 
     @classmethod
     def open(cls, uri: str, experiment: Optional[str] = None) -> RunStore:
@@ -162,32 +161,15 @@ class RunStore(RunSource):
             self._hist[ck] = (steps, [by_step[s] for s in steps])
         return self._hist[ck]
 
-    def _eval_files(self, run_id: str) -> list[str]:
-        if run_id not in self._files:
-            try:
-                self._files[run_id] = sorted(f.path for f in self.client.list_artifacts(run_id, "eval"))
-            except Exception:  # noqa: BLE001 -- a run without artifacts has no per-problem scores
-                self._files[run_id] = []
-        return self._files[run_id]
-
-    def _per_problem_files(self, run_id: str) -> list[tuple[str, int]]:
-        """(bench, step) of every ``eval/<bench>_per_problem_step_<N>.csv`` of the run."""
-        return schema.per_problem_steps(self._eval_files(run_id))
-
     def per_problem_benches(self, run_id: str) -> list[str]:
-        return sorted({b for b, _ in self._per_problem_files(run_id)})
+        return sorted({b for b, _ in self.reader.periodic(run_id)})
 
     def per_problem_steps(self, run_id: str, bench: str = "heldout") -> list[int]:
-        return sorted(st for b, st in self._per_problem_files(run_id) if b == bench)
+        return sorted(st for b, st in self.reader.periodic(run_id) if b == bench)
 
     def per_problem_csv(self, run_id: str, step: int, bench: str = "heldout") -> str:
         """The raw per-problem CSV of the run's ``bench`` eval at ``step``."""
-        with tempfile.TemporaryDirectory(prefix="ulorl-report-") as tmp:
-            path = schema.per_problem_artifact(bench, step)
-            return Path(self.client.download_artifacts(run_id, path, tmp)).read_text()
+        return self.reader.csv(run_id, bench, step)
 
     def per_problem(self, run_id: str, step: Optional[int] = None, bench: str = "heldout") -> dict[str, float]:
-        step = self._eval_step(run_id, step, bench)
-        if step is None:
-            return {}
-        return parse_per_problem_csv(self.per_problem_csv(run_id, step, bench))
+        return self.reader.scores(run_id, bench, step)

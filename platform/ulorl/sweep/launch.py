@@ -28,6 +28,7 @@ from ulorl.quiet import quiet_libraries
 from ulorl.scale.placement import PlacementError
 from ulorl.sweep import prune, ranking
 from ulorl.sweep.capture import OutputCapture
+from ulorl.sweep.command import fixed_overrides
 from ulorl.sweep.console import SweepView
 from ulorl.sweep.placed import check_trials_fit, describe_resources, needs_placement, run_placed_trial, trial_resources
 from ulorl.sweep.server import MlflowServer, stop_stale_server
@@ -43,6 +44,8 @@ from ulorl.sweep.spec import (
     values_summary,
     with_seed_offsets,
 )
+from ulorl.sweep.summary import summarize
+from ulorl.sweep.summary_text import ranking_csv
 from ulorl.tracking import resolve_tracking_uri, schema
 from ulorl.tracking.credentials import CREDENTIAL_VARS, install_credentials
 from ulorl.tracking.run import RunTracker
@@ -306,7 +309,7 @@ class SweepRunner:
         sch, metric = self.spec.scheduler, self.spec.metrics[0]
         if sch is None or sch.type == "none" or not metric.startswith("eval/"):
             return
-        every = config_from_dict(apply_overrides(self.base, ranking.fixed_overrides(self.spec)),
+        every = config_from_dict(apply_overrides(self.base, fixed_overrides(self.spec)),
                                  str(self.base_path)).eval.every
         if not every or sch.grace_period < every:
             raise SweepError(f"scheduler.grace_period ({sch.grace_period}) must be at least eval.every ({every}): "
@@ -424,7 +427,7 @@ class SweepRunner:
 
     # ---------------------------------------------------------------- run
     def run(self) -> dict[str, Any]:
-        """Run (or, with ``resume``, continue) the sweep and return its summary (:func:`ranking.summarize`
+        """Run (or, with ``resume``, continue) the sweep and return its summary (:func:`ulorl.sweep.summary.summarize`
         plus ``errors``, ``parent_run_id``, ``sweep_dir``). Raises :class:`SweepInterrupted` when
         stopped by SIGINT, :class:`SweepAlreadyFinished` on a resume of a finished sweep."""
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -572,7 +575,7 @@ class SweepRunner:
             "base_dict": self.base, "base_path": str(self.base_path), "sweep_dir": str(self.sweep_dir),
             "sweep_name": self.spec.name, "parent_run_id": parent, "trial_tracking_uri": trial_uri,
             "tags": dict(self.spec.tags), "metrics": self.spec.metrics, "cpu": self.spec.resources.cpu,
-            "fixed": ranking.fixed_overrides(self.spec),
+            "fixed": fixed_overrides(self.spec),
         }
         if self.spec.search.algorithm == "grid":
             meta["grid"] = [{"trial_overrides": t["overrides"], "variant": t["variant"], "repeat": t["repeat"],
@@ -593,7 +596,7 @@ class SweepRunner:
         return self._search_count() + (len(self._extra_entries({})) if self._has_extra_trials() else 0)
 
     def _steps_per_trial(self) -> int:
-        steps = ranking.fixed_overrides(self.spec).get("train.max_steps")
+        steps = fixed_overrides(self.spec).get("train.max_steps")
         return int(steps or config_from_dict(self.base, str(self.base_path)).train.max_steps)
 
     def describe_trial(self, config: dict[str, Any]) -> tuple[str, str]:
@@ -740,7 +743,7 @@ class SweepRunner:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(self.store_uri)
-        summary = ranking.summarize(client, parent, self.spec, self.base, self.base_path)
+        summary = summarize(client, parent, self.spec, self.base, self.base_path)
         exp = client.get_run(parent).info.experiment_id
         kids = client.search_runs([exp], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
         done = sum(k.info.status in ("FINISHED", "FAILED", "KILLED") for k in kids)   # KILLED: pruned
@@ -752,9 +755,9 @@ class SweepRunner:
 
         client = MlflowClient(self.tracking_uri)
         prune.mark_pruned_runs(client, parent, prune.read_pruned(self.sweep_dir))
-        summary = ranking.summarize(client, parent, self.spec, self.base, self.base_path)
+        summary = summarize(client, parent, self.spec, self.base, self.base_path)
         tracker = RunTracker(client, parent)
-        tracker.log_text(ranking.ranking_csv(summary["ranking"]), "sweep/ranking.csv")
+        tracker.log_text(ranking_csv(summary["ranking"]), "sweep/ranking.csv")
         best = summary["best"]
         metrics: dict[str, float] = {"sweep/trials": len(summary["ranking"])}
         if best is not None:

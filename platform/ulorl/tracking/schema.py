@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Optional
 
 KIND_TAG = "ulorl.kind"
@@ -40,9 +41,7 @@ VARIANT_TAG = "ulorl.variant"
 ROLE_TAG = "ulorl.trial_role"
 ROLE_SEARCH, ROLE_BASELINE, ROLE_RERUN = "search", "baseline", "rerun"
 ROLE_REFERENCE = "reference"   # a reference trial of another comparison (spec ``references``: the S = 1 of the speedup)
-SEED_TAG = "ulorl.seed_offset"
-# The config keys a sweep shifts by a trial's seed offset (and the claims pair runs by).
-SEED_KEYS: tuple[str, ...] = ("data.seed", "rollout.seed", "train.seed")
+SEED_TAG = "ulorl.seed_offset"   # the config keys it shifts: SEED_KEYS (from RUN_KEYS below)
 # A search trial stopped early by the sweep's scheduler (``ulorl.sweep.prune``): its child run is KILLED
 # and tagged pruned=true, the rule (entropy_collapse | asha | hyperband | median) and the last step it ran.
 PRUNED_TAG = "ulorl.pruned"
@@ -172,10 +171,37 @@ EVERY_STEP_METRICS: tuple[str, ...] = ROLLOUT_METRICS + POOL_METRICS + TIME_METR
 # Metrics present only at steps that updated the model (train/skipped == 0).
 UPDATE_STEP_METRICS: tuple[str, ...] = TRAIN_METRICS + ENTROPY_PROXY_METRICS
 
-KEY_PARAMS: tuple[str, ...] = (
-    "rollout.segments", "rollout.max_response_len", "rollout.batching", "algo.mpt.tau",
-    "algo.mpt.sigma", "algo.mpt.mode", "algo.is_mode",
+
+@dataclass(frozen=True)
+class RunKey:
+    """A config key (a param of every training run) that the readers of tracked runs name."""
+
+    key: str
+    label: str = ""       # key param: its short column name in tables (the dashboard); "" = not a key param
+    legend: int = 0       # > 0: may tell two runs of one paper figure apart in its legend, tried in ascending order
+    seed: bool = False    # shifted by a sweep repeat's seed offset; the claims pair runs by these
+
+
+RUN_KEYS: tuple[RunKey, ...] = (
+    RunKey("rollout.segments", "segments", legend=6),
+    RunKey("rollout.max_response_len", "max_len", legend=7),
+    RunKey("rollout.batching", "batching", legend=8),
+    RunKey("algo.mpt.tau", "tau", legend=4),
+    RunKey("algo.mpt.sigma", "sigma", legend=5),
+    RunKey("algo.mpt.mode", "mask_mode", legend=2),
+    RunKey("algo.is_mode", "is_mode", legend=1),
+    RunKey("algo.eps_high", legend=3),
+    RunKey("model.name_or_path", legend=9),
+    RunKey("data.seed", legend=12, seed=True),
+    RunKey("rollout.seed", legend=11, seed=True),
+    RunKey("train.seed", legend=10, seed=True),
 )
+# Key params, in the order of the dashboard's runs-table columns; a sweep's ranking keeps them per trial.
+KEY_PARAMS: tuple[str, ...] = tuple(k.key for k in RUN_KEYS if k.label)
+PARAM_LABELS: dict[str, str] = {k.key: k.label for k in RUN_KEYS if k.label}
+# Params that may tell two runs of one figure apart (ulorl.report.figures), in the order they are tried.
+DISTINGUISHING_KEYS: tuple[str, ...] = tuple(k.key for k in sorted(RUN_KEYS, key=lambda k: k.legend) if k.legend)
+SEED_KEYS: tuple[str, ...] = tuple(k.key for k in RUN_KEYS if k.seed)
 
 SAMPLE_RECORD_FIELDS: tuple[str, ...] = (
     "step", "sample_id", "group_id", "reward", "status", "prompt_text", "response_text",

@@ -13,6 +13,7 @@ import pytest
 from ulorl.config import ConfigError, load_experiment
 from ulorl.data.types import PromptItem
 from ulorl.eval.runner import split_result, summarize
+from ulorl.sweep import plan
 from ulorl.sweep.launch import SweepRunner, describe_trials
 from ulorl.sweep.spec import (
     SweepError,
@@ -68,7 +69,7 @@ def test_repeats_and_offsets_that_disagree_fail(tmp_path: Path) -> None:
 
 
 def _fake_result(config: dict, objective: float, trial_id: str) -> SimpleNamespace:
-    """What ``_extra_tuner_kwargs`` reads of a Tune result: error, metrics, config."""
+    """What ``plan.best_searched`` reads of a Tune result: error, metrics, config."""
     return SimpleNamespace(error=None, metrics={"eval/heldout_select/avg_at_k": objective, "trial_id": trial_id},
                            config=config)
 
@@ -80,7 +81,7 @@ def test_baseline_and_best_reruns_follow_the_offsets(seeds: str | None, baseline
     runner = SweepRunner(CHOICE / "mpt_threshold.yaml", seed_offsets=seeds)
     results = [_fake_result({"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.2}, 0.6, "a"),
                _fake_result({"algo.mpt.tau": 0.99, "algo.mpt.sigma": 0.17}, 0.7, "b")]
-    entries = runner._extra_tuner_kwargs(results, [])["param_space"]["__extra__"]["grid_search"]
+    entries = plan.extra_entries(runner.spec, plan.best_searched(runner.spec, results, set()))
     assert [e["repeat"] for e in entries if e["role"] == "baseline"] == baseline
     best = [e for e in entries if e["role"] == "rerun"]
     assert [e["repeat"] for e in best] == reruns

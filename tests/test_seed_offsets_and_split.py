@@ -15,6 +15,7 @@ from ulorl.data.types import PromptItem
 from ulorl.eval.runner import split_result, summarize
 from ulorl.sweep import plan
 from ulorl.sweep.launch import SweepRunner, describe_trials
+from ulorl.sweep.parent_run import parent_params
 from ulorl.sweep.spec import (
     SweepError,
     check_resume_offsets,
@@ -88,6 +89,16 @@ def test_baseline_and_best_reruns_follow_the_offsets(seeds: str | None, baseline
     assert all(e["trial_overrides"] == {"algo.mpt.tau": 0.99, "algo.mpt.sigma": 0.17} for e in best)
     # seed-major: each re-run right after the baseline of its seed, offset 0 (the selected one) last
     assert [(e["role"], e["repeat"]) for e in entries][:2] == [("baseline", baseline[0]), ("rerun", reruns[0])]
+
+
+def test_the_parent_run_records_the_offsets_it_runs_and_the_server() -> None:
+    runner = SweepRunner(CHOICE / "mpt_threshold.yaml", seed_offsets="4-5")
+    params = parent_params(runner.spec)
+    assert params["sweep.seed_offsets"] == "4,5" and "sweep.tracking_server" not in params
+    assert set(params) >= {f"space.{k}" for k in runner.spec.space}
+    server = SimpleNamespace(uri="http://127.0.0.1:5001", auth=False)
+    assert {k: v for k, v in parent_params(runner.spec, server).items() if k.startswith("sweep.tracking")} == {
+        "sweep.tracking_server": "http://127.0.0.1:5001", "sweep.tracking_auth": "none"}
 
 
 def test_dry_run_with_seeds_prints_the_offsets(capsys: pytest.CaptureFixture[str]) -> None:

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from mlflow_store import StoreBase, migrated_empty_db
 from ulorl.cli import sweep as cli
 from ulorl.sweep.console import SweepView
-from ulorl.sweep.launch import STATE_FILE, SweepAlreadyFinished, SweepInterrupted, SweepRunner
+from ulorl.sweep.launch import STATE_FILE, StopSignals, SweepAlreadyFinished, SweepInterrupted, SweepRunner, cut_short
 from ulorl.sweep.parent_run import SweepParentRun
 from ulorl.sweep.server import STATE_FILE as SERVER_STATE
 from ulorl.sweep.server_guard import cmdline as _cmdline
@@ -123,6 +123,29 @@ def test_summary_metrics_are_logged_once_when_the_summary_runs_again(tmp_path, t
     c = MlflowClient(store.uri)
     assert [m.step for m in c.get_metric_history(parent, "sweep/trials")] == [0]
     assert c.get_run(parent).info.status == "FINISHED"
+
+
+def test_a_tune_result_with_trials_left_over_is_cut_short():
+    class Grid:   # what cut_short reads of a Tune ResultGrid
+        def __init__(self, n: int, terminated: int, errors: int = 0) -> None:
+            self.n, self.num_terminated, self.num_errors = n, terminated, errors
+
+        def __len__(self) -> int:
+            return self.n
+
+    assert not cut_short(Grid(3, 2, 1), None) and not cut_short(Grid(3, 3), 3)
+    assert cut_short(Grid(3, 2), None)                 # a trial neither finished nor failed
+    assert cut_short(Grid(2, 2), 3)                    # fewer trials than planned (stopped before the last began)
+
+
+def test_a_received_signal_stops_the_sweep_and_is_remembered():
+    stop = StopSignals()
+    assert stop.received is None and stop.signum == signal.SIGINT   # a bare KeyboardInterrupt: Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        stop.receive(signal.SIGTERM)
+    assert stop.signum == signal.SIGTERM
+    with stop:
+        assert stop.received is None                                # each run starts without one
 
 
 def test_resume_of_a_finished_sweep_says_so_and_logs_nothing(tmp_path, template, capfd):

@@ -80,9 +80,7 @@ def test_request_context_is_prompt_then_prefix_and_refuses_bad_requests_by_id() 
 
 
 def _actor_over(engine: Engine) -> EngineActor:
-    actor = EngineActor.__new__(EngineActor)     # no Ray, no model: the actor's methods over a given engine
-    actor.engine, actor._updates, actor._updating = engine, 0, False
-    return actor
+    return EngineActor.over(engine)     # no Ray, no model: the actor's methods over a given engine
 
 
 def test_engine_actor_describes_an_engine_from_its_typed_members() -> None:

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
-from ulorl.report.figures import SEED_ALPHA, PaperFigure, build_figures, seed_band, seed_groups
+from ulorl.report.figures import SEED_ALPHA, build_figures, draw_seed_group, seed_band, seed_groups
 from ulorl.report.store import RunStore
 from ulorl.tracking import artifact_root_for, schema
 
@@ -68,7 +68,7 @@ def test_seed_curves_faint_mean_bold_band_shaded(store: RunStore) -> None:
     fig4 = {f.key: f for f in build_figures(store, HINTS)}["fig4"]
     (group,) = [g for g in seed_groups(fig4.lines) if len(g.lines) == 3]
     ax = Figure().add_subplot(1, 1, 1)
-    PaperFigure._draw_seeds(ax, group, "train/entropy", 1, "C0", "-")
+    draw_seed_group(ax, group, "train/entropy", 1, "C0", "-")
     faint = [ln for ln in ax.get_lines() if ln.get_alpha() == SEED_ALPHA]
     bold = [ln for ln in ax.get_lines() if ln.get_alpha() is None]
     assert len(faint) == 3 and len(bold) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -82,9 +84,9 @@ def test_killed_worker_counts_as_crash():
         def kill_busy_worker() -> None:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
-                busy = [w for w in list(slow._workers) if w.state == "busy"]  # test-only peek
+                busy = slow.worker_pids("busy")
                 if busy:
-                    busy[0].proc.kill()
+                    os.kill(busy[0], signal.SIGKILL)
                     return
                 time.sleep(0.01)
 
@@ -130,15 +132,13 @@ from ulorl.reward import RewardScorer
 if __name__ == "__main__":
     s = RewardScorer(timeout_s=600)
     s.warmup()
-    print(" ".join(str(w.proc.pid) for w in s._workers), flush=True)
+    print(" ".join(str(pid) for pid in s.worker_pids()), flush=True)
     s.score([(r"\\boxed{10^{10^{10}}}", "5", False)])
 """
 
 
 def test_hung_worker_dies_with_a_killed_caller(tmp_path):
     """kill -9 of the caller must not leave a worker spinning in sympy (forkserver + PDEATHSIG)."""
-    import os
-    import signal
     import subprocess
     import sys
 

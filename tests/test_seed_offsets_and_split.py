@@ -13,7 +13,9 @@ import pytest
 from ulorl.config import ConfigError, load_experiment
 from ulorl.data.types import PromptItem
 from ulorl.eval.runner import split_result, summarize
+from ulorl.sweep import plan
 from ulorl.sweep.launch import SweepRunner, describe_trials
+from ulorl.sweep.parent_run import parent_params
 from ulorl.sweep.spec import (
     SweepError,
     check_resume_offsets,
@@ -68,7 +70,7 @@ def test_repeats_and_offsets_that_disagree_fail(tmp_path: Path) -> None:
 
 
 def _fake_result(config: dict, objective: float, trial_id: str) -> SimpleNamespace:
-    """What ``_extra_tuner_kwargs`` reads of a Tune result: error, metrics, config."""
+    """What ``plan.best_searched`` reads of a Tune result: error, metrics, config."""
     return SimpleNamespace(error=None, metrics={"eval/heldout_select/avg_at_k": objective, "trial_id": trial_id},
                            config=config)
 
@@ -80,13 +82,23 @@ def test_baseline_and_best_reruns_follow_the_offsets(seeds: str | None, baseline
     runner = SweepRunner(CHOICE / "mpt_threshold.yaml", seed_offsets=seeds)
     results = [_fake_result({"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.2}, 0.6, "a"),
                _fake_result({"algo.mpt.tau": 0.99, "algo.mpt.sigma": 0.17}, 0.7, "b")]
-    entries = runner._extra_tuner_kwargs(results, [])["param_space"]["__extra__"]["grid_search"]
+    entries = plan.extra_entries(runner.spec, plan.best_searched(runner.spec, results, set()))
     assert [e["repeat"] for e in entries if e["role"] == "baseline"] == baseline
     best = [e for e in entries if e["role"] == "rerun"]
     assert [e["repeat"] for e in best] == reruns
     assert all(e["trial_overrides"] == {"algo.mpt.tau": 0.99, "algo.mpt.sigma": 0.17} for e in best)
     # seed-major: each re-run right after the baseline of its seed, offset 0 (the selected one) last
     assert [(e["role"], e["repeat"]) for e in entries][:2] == [("baseline", baseline[0]), ("rerun", reruns[0])]
+
+
+def test_the_parent_run_records_the_offsets_it_runs_and_the_server() -> None:
+    runner = SweepRunner(CHOICE / "mpt_threshold.yaml", seed_offsets="4-5")
+    params = parent_params(runner.spec)
+    assert params["sweep.seed_offsets"] == "4,5" and "sweep.tracking_server" not in params
+    assert set(params) >= {f"space.{k}" for k in runner.spec.space}
+    server = SimpleNamespace(uri="http://127.0.0.1:5001", auth=False)
+    assert {k: v for k, v in parent_params(runner.spec, server).items() if k.startswith("sweep.tracking")} == {
+        "sweep.tracking_server": "http://127.0.0.1:5001", "sweep.tracking_auth": "none"}
 
 
 def test_dry_run_with_seeds_prints_the_offsets(capsys: pytest.CaptureFixture[str]) -> None:

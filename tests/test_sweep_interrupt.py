@@ -23,7 +23,8 @@ from mlflow.tracking import MlflowClient
 from mlflow_store import StoreBase, migrated_empty_db
 from ulorl.cli import sweep as cli
 from ulorl.sweep.console import SweepView
-from ulorl.sweep.launch import STATE_FILE, SweepAlreadyFinished, SweepInterrupted, SweepRunner, _SigintFlag
+from ulorl.sweep.launch import STATE_FILE, StopSignals, SweepAlreadyFinished, SweepInterrupted, SweepRunner, cut_short
+from ulorl.sweep.parent_run import SweepParentRun
 from ulorl.sweep.server import STATE_FILE as SERVER_STATE
 from ulorl.sweep.server_guard import cmdline as _cmdline
 from ulorl.sweep.server_guard import group_members as _group
@@ -76,19 +77,25 @@ def _sweep_store(tmp_path: Path, template: Path) -> tuple[StoreBase, str, list[s
     return store, parent, kids
 
 
+def _loaded(spec: Path) -> tuple:
+    """(spec, base, base path) of a spec file, as SweepParentRun.finish takes them."""
+    sweep, base_path, base = load_sweep(spec)
+    return sweep, base, base_path
+
+
 def test_interrupt_marks_parent_and_running_trials_killed_and_lists_them(tmp_path, template):
     store, parent, (done, running) = _sweep_store(tmp_path, template)
-    runner = SweepRunner(_spec(tmp_path), tracking_uri=store.uri, output_dir=tmp_path / "out")
+    sweep_dir = tmp_path / "out" / "sweeps" / "tiny"
     view = SweepView("tiny", planned=3, steps_per_trial=20, metric="time/step_s", out=open(os.devnull, "w"),
                      live=False)
     view.started("a", "search", "tau=0.9")
     view.finished("a")
     view.started("b", "search", "tau=0.99")
     view.result("b", 3, None)
-    runner._view = view
-    exc = runner._interrupted(parent)
-    assert isinstance(exc, SweepInterrupted)
+    SweepParentRun(store.uri, parent, sweep_dir).mark_killed()
+    exc = SweepInterrupted.from_view(view, parent, sweep_dir)
     assert exc.unfinished == ["search tau=0.99 (step 3/20, running)"] and exc.not_started == 1
+    assert exc.parent_run_id == parent and exc.signum == signal.SIGINT
     c = MlflowClient(store.uri)
     assert c.get_run(parent).info.status == "KILLED"
     assert c.get_run(running).info.status == "KILLED" and c.get_run(done).info.status == "FINISHED"
@@ -110,19 +117,42 @@ def test_cli_prints_the_unfinished_trials_and_the_resume_command_and_no_verdict(
 
 def test_summary_metrics_are_logged_once_when_the_summary_runs_again(tmp_path, template):
     store, parent, _ = _sweep_store(tmp_path, template)
-    runner = SweepRunner(_spec(tmp_path), tracking_uri=store.uri, output_dir=tmp_path / "out")
-    runner._finish(parent)
-    runner._finish(parent)     # a summary cut short and done again on --resume
+    run = SweepParentRun(store.uri, parent, tmp_path / "out" / "sweeps" / "tiny")
+    run.finish(*_loaded(_spec(tmp_path)))
+    run.finish(*_loaded(_spec(tmp_path)))     # a summary cut short and done again on --resume
     c = MlflowClient(store.uri)
     assert [m.step for m in c.get_metric_history(parent, "sweep/trials")] == [0]
     assert c.get_run(parent).info.status == "FINISHED"
 
 
+def test_a_tune_result_with_trials_left_over_is_cut_short():
+    class Grid:   # what cut_short reads of a Tune ResultGrid
+        def __init__(self, n: int, terminated: int, errors: int = 0) -> None:
+            self.n, self.num_terminated, self.num_errors = n, terminated, errors
+
+        def __len__(self) -> int:
+            return self.n
+
+    assert not cut_short(Grid(3, 2, 1), None) and not cut_short(Grid(3, 3), 3)
+    assert cut_short(Grid(3, 2), None)                 # a trial neither finished nor failed
+    assert cut_short(Grid(2, 2), 3)                    # fewer trials than planned (stopped before the last began)
+
+
+def test_a_received_signal_stops_the_sweep_and_is_remembered():
+    stop = StopSignals()
+    assert stop.received is None and stop.signum == signal.SIGINT   # a bare KeyboardInterrupt: Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        stop.receive(signal.SIGTERM)
+    assert stop.signum == signal.SIGTERM
+    with stop:
+        assert stop.received is None                                # each run starts without one
+
+
 def test_resume_of_a_finished_sweep_says_so_and_logs_nothing(tmp_path, template, capfd):
     store, parent, _ = _sweep_store(tmp_path, template)
     spec = _spec(tmp_path)
-    SweepRunner(spec, tracking_uri=store.uri, output_dir=tmp_path / "out")._finish(parent)
     sweep_dir = tmp_path / "out" / "sweeps" / "tiny"
+    SweepParentRun(store.uri, parent, sweep_dir).finish(*_loaded(spec))
     sweep_dir.mkdir(parents=True)
     (sweep_dir / STATE_FILE).write_text(json.dumps({"parent_run_id": parent, "tracking_uri": store.uri}))
     (tmp_path / "out" / "sweeps" / "tiny.latest").write_text(str(sweep_dir))
@@ -225,13 +255,13 @@ def test_resume_with_a_changed_spec_names_each_change_and_changes_nothing(tmp_pa
 def test_sigterm_stops_a_sweep_as_ctrl_c_does_and_exits_143(tmp_path, monkeypatch, capsys):
     runner = SweepRunner(_spec(tmp_path), tracking_uri=f"sqlite:///{tmp_path}/m.db", output_dir=tmp_path / "out")
     before = signal.getsignal(signal.SIGTERM)
+    assert runner.stop_signals.received is None and runner.stop_signals.signum == signal.SIGINT
     with pytest.raises(KeyboardInterrupt):
-        with _SigintFlag(runner):
+        with runner.stop_signals:
             os.kill(os.getpid(), signal.SIGTERM)                      # a real signal to this process
             time.sleep(5)
-    assert runner._sigint and runner._stop_signal == signal.SIGTERM
+    assert runner.stop_signals.received == runner.stop_signals.signum == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == before                 # restored
-    assert runner._interrupted(None).signum == signal.SIGTERM
 
     def stopped(self):
         raise SweepInterrupted(["search tau=0.9 (step 1/4, running)"], 0, "p1", Path("/x"), signal.SIGTERM)

@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from mlflow_store import StoreBase, migrated_empty_db
 
-from ulorl.sweep import prune, ranking
+from ulorl.sweep import plan, prune, ranking, tuners
 from ulorl.sweep.launch import SweepRunner
 from ulorl.sweep.spec import SweepError, load_sweep
 
@@ -243,7 +243,7 @@ def test_baseline_tuner_has_no_scheduler(tmp_path) -> None:
                             "baseline: {name: masking_off, overrides: {algo.mpt.mode: 'off'}, seeds: 2}\n"))
     runner = SweepRunner(p, tracking_uri=f"sqlite:///{tmp_path}/m.db", output_dir=tmp_path / "out")
     runner.sweep_dir.mkdir(parents=True)
-    kwargs = runner._extra_tuner_kwargs([], [])
+    kwargs = tuners.extra_tuner_kwargs(runner.spec, plan.extra_entries(runner.spec, None), runner.sweep_dir, [])
     assert kwargs["tune_config"].scheduler is None
     assert [e["role"] for e in kwargs["param_space"]["__extra__"]["grid_search"]] == ["baseline", "baseline"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ulorl.config import apply_overrides, config_from_dict
-from ulorl.sweep import command
+from ulorl.sweep import command, plan
 from ulorl.sweep.launch import SweepRunner
 from ulorl.sweep.spec import SweepError, load_sweep
 
@@ -41,15 +41,17 @@ def test_headline_sweep_carries_a_non_segmented_reference_with_the_trials_batchi
 def test_headline_sweep_plans_eight_trials_and_names_each(tmp_path):
     runner = SweepRunner(HEADLINE, tracking_uri=f"sqlite:///{tmp_path}/m.db", output_dir=tmp_path)
     assert runner.planned_trials() == 8            # 4 search + baseline x 2 seeds + best re-run + S = 1
-    entries = runner._extra_entries({"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.05})
+    spec = runner.spec
+    entries = plan.extra_entries(spec, {"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.05})
     roles = [(e["role"], e["repeat"]) for e in entries]
     assert roles == [("baseline", 1), ("rerun", 1), ("baseline", 0), ("reference", 0)]   # seed-major, offset 0 last
     assert entries[-1]["trial_overrides"] == {"rollout.segments": 1, "algo.mpt.mode": "off"}
-    assert runner._extra_entries(None)[-1]["role"] == "reference"   # no best trial: no re-run, reference still runs
-    assert runner.describe_trial({"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.0931234}) == ("search", "tau=0.9 sigma=0.0931")
-    assert runner.describe_trial({"__extra__": entries[0]}) == ("baseline", "masking_off seed+1")
-    assert runner.describe_trial({"__extra__": entries[1]}) == ("rerun", "tau=0.9 sigma=0.05 seed+1")
-    assert runner.describe_trial({"__extra__": entries[3]}) == ("reference", "non_segmented")
+    assert plan.extra_entries(spec, None)[-1]["role"] == "reference"   # no best trial: no re-run, reference still runs
+    searched = {"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.0931234}
+    assert plan.describe_trial(spec, searched) == ("search", "tau=0.9 sigma=0.0931")
+    assert plan.describe_trial(spec, {"__extra__": entries[0]}) == ("baseline", "masking_off seed+1")
+    assert plan.describe_trial(spec, {"__extra__": entries[1]}) == ("rerun", "tau=0.9 sigma=0.05 seed+1")
+    assert plan.describe_trial(spec, {"__extra__": entries[3]}) == ("reference", "non_segmented")
 
 
 @pytest.mark.parametrize("body, message", [

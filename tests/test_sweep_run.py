@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ulorl.sweep.launch import FAIL_ENV, SweepRunner
+from ulorl.sweep.launch import SweepRunner
+from ulorl.sweep.trial import FAIL_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = (ROOT / "experiments" / "quickstart.yaml").as_posix()

@@ -20,9 +20,10 @@ def test_auth_follows_the_listening_address():
     assert MlflowServer(store, host="10.1.2.3", port=5000).uri == "http://10.1.2.3:5000"
     with pytest.raises(ValueError, match="beyond loopback"):
         MlflowServer(store, host="0.0.0.0", auth=False)
-    # one machine: plain file artifacts (readable with the SQLite URI); cluster mode: proxied
-    assert "--serve-artifacts" not in MlflowServer(store)._command()
-    assert "--serve-artifacts" in MlflowServer(store, auth=True)._command()
+    # one machine: plain file artifacts (readable with the SQLite URI); cluster mode: proxied (the server
+    # started below serves them)
+    assert not MlflowServer(store).proxy_artifacts
+    assert MlflowServer(store, auth=True).proxy_artifacts and MlflowServer(store, host="0.0.0.0").proxy_artifacts
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and not is_loopback("0.0.0.0")
 
 

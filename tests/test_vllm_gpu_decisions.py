@@ -206,9 +206,16 @@ def test_colocated_sleep_drops_the_weights_and_only_an_update_wakes():
     from ulorl.rollout.engines.vllm import SLEEP_LEVEL, VLLMEngine
 
     calls: list[tuple] = []
-    eng = VLLMEngine.__new__(VLLMEngine)     # the sleep / wake decisions only: no vLLM process behind it
-    eng._llm = SimpleNamespace(sleep=lambda level: calls.append(("sleep", level)))
-    eng.colocate, eng.asleep = True, False
+
+    class Colocated(VLLMEngine):             # the sleep / wake decisions only: no vLLM process behind it
+        def __init__(self) -> None:
+            self.colocate, self.asleep = True, False
+
+        @property
+        def llm(self):
+            return SimpleNamespace(sleep=lambda level: calls.append(("sleep", level)))
+
+    eng = Colocated()
     eng.sleep()
     assert calls == [("sleep", 2)] and SLEEP_LEVEL == 2 and eng.asleep
     with pytest.raises(RuntimeError, match="push the weights"):

@@ -251,7 +251,7 @@ def test_engine_from_in_memory_model(hf_model, tiny_model_dir, vllm_engine):
     with VLLMEngine(hf_model, dtype="float32", max_model_len=MAX_MODEL_LEN) as eng:
         assert eng.eos_token_id == tiny_model_dir[1]
         got = eng.generate(reqs, GREEDY)
-        tmp = eng._tmpdir
+        tmp = eng.llm_kwargs["model"]     # the temporary folder the in-memory model was saved to
     assert [r.token_ids for r in got] == [r.token_ids for r in vllm_engine.generate(reqs, GREEDY)]
     import os
 

@@ -78,6 +78,26 @@ def seed_band(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], l
     return (common, [sum(c) / len(c) for c in cols], [min(c) for c in cols], [max(c) for c in cols])
 
 
+def draw_seed_group(ax: Any, group: SeedGroup, metric: str, w: int, color: str, style: str) -> None:
+    """One arm run on several seeds, drawn on the matplotlib axes ``ax``: each seed's curve faint, the mean
+    across seeds bold, the min-max band across seeds shaded (every curve trailing-mean smoothed first when
+    ``w`` > 1)."""
+    curves = []
+    for ln in group.lines:
+        steps, values = ln.series[metric]
+        values = trailing_mean(values, w) if w > 1 else values
+        ax.plot(steps, values, color=color, linestyle=style, linewidth=0.8, alpha=SEED_ALPHA)
+        curves.append((steps, values))
+    steps, mean, low, high = seed_band(curves)
+    if not steps:
+        return
+    n = len(group.lines)
+    ax.fill_between(steps, low, high, color=color, alpha=BAND_ALPHA, linewidth=0)
+    smooth = f", {w}-step mean" if w > 1 else ""
+    ax.plot(steps, mean, color=color, linestyle=style, linewidth=1.6, marker="o" if len(steps) < 12 else None,
+            markersize=3, label=f"{group.arm}: mean of {n} seeds{smooth}")
+
+
 @dataclass
 class PaperFigure:
     key: str                                   # "fig2"
@@ -117,7 +137,7 @@ class PaperFigure:
                     color, style = colors[g.arm], styles[g.arm]
                     color_of.update({ln.label: color for ln in g.lines})
                     if len(g.lines) > 1:
-                        self._draw_seeds(ax, g, metric, w, color, style)
+                        draw_seed_group(ax, g, metric, w, color, style)
                         continue
                     ln = g.lines[0]
                     steps, values = ln.series[metric]
@@ -144,25 +164,6 @@ class PaperFigure:
         if any(len(g.lines) > 1 for p in self.panels for g in seed_groups([ln for ln in self.lines if ln.panel == p])):
             fig.text(0.0, -0.01, SEEDS_NOTE, fontsize=7, ha="left", va="top")
         fig.savefig(path, dpi=110, bbox_inches="tight")
-
-    @staticmethod
-    def _draw_seeds(ax: Any, group: SeedGroup, metric: str, w: int, color: str, style: str) -> None:
-        """Each seed's curve faint, the mean across seeds bold, the min-max band across seeds shaded
-        (every curve trailing-mean smoothed first when ``w`` > 1)."""
-        curves = []
-        for ln in group.lines:
-            steps, values = ln.series[metric]
-            values = trailing_mean(values, w) if w > 1 else values
-            ax.plot(steps, values, color=color, linestyle=style, linewidth=0.8, alpha=SEED_ALPHA)
-            curves.append((steps, values))
-        steps, mean, low, high = seed_band(curves)
-        if not steps:
-            return
-        n = len(group.lines)
-        ax.fill_between(steps, low, high, color=color, alpha=BAND_ALPHA, linewidth=0)
-        smooth = f", {w}-step mean" if w > 1 else ""
-        ax.plot(steps, mean, color=color, linestyle=style, linewidth=1.6, marker="o" if len(steps) < 12 else None,
-                markersize=3, label=f"{group.arm}: mean of {n} seeds{smooth}")
 
     def cell_records(self) -> list[dict[str, str]]:
         """cells.csv rows: one per (line, metric), value = last point, plus one per (arm run on

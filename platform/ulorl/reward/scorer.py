@@ -194,6 +194,12 @@ class RewardScorer:
         """``stats`` as a method (callable on a Ray actor wrapping this class)."""
         return self.stats
 
+    def worker_pids(self, state: Optional[str] = None) -> list[int]:
+        """The process ids of the verifier workers alive now, or of those in ``state`` (``starting``,
+        ``idle``, ``busy``): the processes to watch (or kill) beside the caller. Read without the lock, so
+        that another thread can look while a batch runs: a snapshot that may be one step behind."""
+        return [w.proc.pid for w in list(self._workers) if state is None or w.state == state]
+
     def score_samples(self, samples: list[Any], tokenizer: Any) -> list[float]:
         """Rewards for rollout ``Sample``s: response decoded from its token ids, scored against
         ``sample.answer``; a truncated sample scores 0."""

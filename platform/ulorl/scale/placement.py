@@ -317,6 +317,15 @@ class EngineActor:
         self.rollout_cfg = engine_rollout_config(cfg)
         self.engine: Engine = make_engine(self.rollout_cfg, model, tok, in_trainer_process=False)
 
+    @classmethod
+    def over(cls, engine: Engine) -> EngineActor:
+        """The actor's methods over an engine built elsewhere, in this process (no Ray, no config): what
+        the trainer's ``RemoteEngine`` calls, answered by ``engine``."""
+        actor = cls.__new__(cls)
+        actor._updates, actor._updating = 0, False
+        actor.engine = engine
+        return actor
+
     @property
     def _vllm(self) -> VLLMEngine:
         """The engine, for vLLM's own native weight-transfer protocol (only a vLLM engine speaks it)."""

@@ -980,9 +980,10 @@ class VLLMEngine(EngineBase):
 
     # ------------------------------------------------------------- lifecycle
     def _live(self) -> Any:
-        if self._llm is None:
+        llm = self.llm
+        if llm is None:
             raise RuntimeError("VLLMEngine is closed")
-        return self._llm
+        return llm
 
     @property
     def llm(self) -> Any:

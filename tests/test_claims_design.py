@@ -287,3 +287,15 @@ def test_final_evaluation_cost_is_read_from_the_paired_runs() -> None:
     assert f"k = {k} on {problems} problems" in block
     # rows that read the periodic evals have no final-evaluation cost
     assert C.final_cost_markdown([x for x in C.evaluate_claims(source) if x.bench != C.FINAL]).startswith("No ")
+
+
+@pytest.mark.parametrize("spec_path", sorted(p for folder in C.SWEEP_FOLDERS
+                                              for p in (ROOT / "sweeps" / folder).glob("*.yaml")),
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_claim_row_names_the_sweep_file_that_produced_it(spec_path: Path) -> None:
+    # the command column of a row from sweep "<folder>_<rest>" (its name:) is that sweep's own file, so
+    # two rows of one claim from different sweeps say which is which
+    name = yaml.safe_load(spec_path.read_text())["name"]
+    assert name == f"{spec_path.parent.name}_{spec_path.stem}", f"{spec_path.relative_to(ROOT)}: name {name!r}"
+    row = C.ClaimResult("fig4_entropy", "", C.M_ENTROPY, "a vs b", 1, f"{name} (0123abcd)")
+    assert C._sweep_command(row, C.CLAIMS) == f"`ulorl-sweep {spec_path.relative_to(ROOT)}`"

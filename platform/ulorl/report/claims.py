@@ -841,10 +841,15 @@ DOCS_COLUMNS = ("claim", "sweep", "seeds", "effect a - b (per seed)", "t-interva
 DOCS_BEGIN, DOCS_END = "<!-- claims-table:begin -->", "<!-- claims-table:end -->"
 
 
+# A sweep named <folder>_<rest> in these folders is sweeps/<folder>/<rest>.yaml (its ``name:``).
+SWEEP_FOLDERS = ("choice", "entropy")
+
+
 def _sweep_command(r: ClaimResult, claims: Sequence[Claim]) -> str:
     name = r.sweep.split(" ")[0]
-    if name.startswith("choice_"):
-        return f"`ulorl-sweep sweeps/choice/{name[len('choice_'):]}.yaml`"
+    for folder in SWEEP_FOLDERS:
+        if name.startswith(folder + "_"):
+            return f"`ulorl-sweep sweeps/{folder}/{name[len(folder) + 1:]}.yaml`"
     cmd = next((c.sweep for c in claims if c.name == r.claim), "")
     return f"`{cmd}`" if cmd else "—"
 

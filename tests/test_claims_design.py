@@ -253,9 +253,10 @@ def test_sampling_variance_and_the_evaluation_noise_share(tmp_path: Path, empty_
 
 
 def test_final_evaluation_cost_is_read_from_the_paired_runs() -> None:
-    # Table 3's committed runs, read straight from the records: per arm the mean over its paired seeds of
-    # time/final_eval_s, its share of time/wall_s, and its ratio to the periodic evals (mean time/eval_s x
-    # the timed evals after step 0)
+    # Table 3's committed runs, read straight from the records: per arm, over its paired seeds' runs that ran
+    # in one sitting (no resumed_at_step tag), the range of time/final_eval_s and the mean of each run's own
+    # shares: of time/wall_s, of the rest of the run, and of its periodic evals (mean time/eval_s x the timed
+    # evals after step 0)
     path = ROOT / "experiments" / "results" / "choice_output_length.jsonl"
     source = ResultsStore.open(path)
     records = read_records(path)
@@ -267,16 +268,34 @@ def test_final_evaluation_cost_is_read_from_the_paired_runs() -> None:
     assert r.bench == C.FINAL and r.seeds == len(paired)
     block = C.final_cost_markdown([r])
     for arm, length in (("a", "192"), ("b", "96")):
-        runs = [by_arm[length][s] for s in paired]
-        final = sum(x["metrics"]["time/final_eval_s"] for x in runs) / len(runs)
-        wall = sum(x["metrics"]["time/wall_s"] for x in runs) / len(runs)
-        periodic = sum(x["means"]["time/eval_s"] * len([s for s in x["per_problem"]["heldout"]["steps"] if int(s) > 0])
-                       for x in runs) / len(runs)
-        assert r.costs[arm]["final_eval_s"] == pytest.approx(final)
-        assert (f"{final:.0f} s, {100 * final / wall:.1f} % of a {wall / 60:.1f} min run "
-                f"(+{100 * final / (wall - final):.1f} % on the run without it), "
-                f"{final / periodic:.1f} x its periodic evals together") in block
+        runs = [by_arm[length][s] for s in paired if "ulorl.resumed_at_step" not in by_arm[length][s]["tags"]]
+        assert runs, "no run of this arm ran in one sitting"
+        finals = [x["metrics"]["time/final_eval_s"] for x in runs]
+        walls = [x["metrics"]["time/wall_s"] for x in runs]
+        periodic = [x["means"]["time/eval_s"] * len([s for s in x["per_problem"]["heldout"]["steps"] if int(s) > 0])
+                    for x in runs]
+        share = sum(f / w for f, w in zip(finals, walls)) / len(runs)
+        added = sum(f / (w - f) for f, w in zip(finals, walls)) / len(runs)
+        vs = sum(f / p for f, p in zip(finals, periodic)) / len(runs)
+        assert r.costs[arm]["runs"] == len(runs)
+        assert r.costs[arm]["final_eval_s"] == pytest.approx(sum(finals) / len(runs))
+        secs = f"{min(finals):.0f} s" if len(runs) == 1 else \
+            f"{min(finals):.0f}-{max(finals):.0f} s over {len(runs)} runs"
+        assert (f"{secs}, {100 * share:.1f} % of a run (+{100 * added:.1f} % on the run without it), "
+                f"{vs:.1f} x its periodic evals together") in block
     k, problems = runs[0]["params"]["eval.final.k"], runs[0]["params"]["eval.final.num_problems"]
     assert f"k = {k} on {problems} problems" in block
     # rows that read the periodic evals have no final-evaluation cost
     assert C.final_cost_markdown([x for x in C.evaluate_claims(source) if x.bench != C.FINAL]).startswith("No ")
+
+
+@pytest.mark.parametrize("spec_path", sorted(p for folder in C.SWEEP_FOLDERS
+                                              for p in (ROOT / "sweeps" / folder).glob("*.yaml")),
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_a_claim_row_names_the_sweep_file_that_produced_it(spec_path: Path) -> None:
+    # the command column of a row from sweep "<folder>_<rest>" (its name:) is that sweep's own file, so
+    # two rows of one claim from different sweeps say which is which
+    name = yaml.safe_load(spec_path.read_text())["name"]
+    assert name == f"{spec_path.parent.name}_{spec_path.stem}", f"{spec_path.relative_to(ROOT)}: name {name!r}"
+    row = C.ClaimResult("fig4_entropy", "", C.M_ENTROPY, "a vs b", 1, f"{name} (0123abcd)")
+    assert C._sweep_command(row, C.CLAIMS) == f"`ulorl-sweep {spec_path.relative_to(ROOT)}`"

@@ -100,6 +100,8 @@ def results_facts() -> list[float]:
                 facts += [k["wall_s"], k["wall_s"] / 60]
                 facts += [k[x] for x in ("eval_s", "final_eval_s") if x in k]
                 facts += [100 * k[x] / k["wall_s"] for x in ("eval_s", "final_eval_s") if x in k]
+                facts += [k[x] for x in ("runs", "final_min_s", "final_max_s", "final_vs_periodic") if x in k]
+                facts += [100 * k[x] for x in ("eval_share", "final_share", "final_added") if x in k]
     for c in C.CLAIMS:
         facts += _numbers_of(c.paper_says) + _numbers_of(c.a.label) + _numbers_of(c.b.label)
     for path in results_files([RESULTS]):

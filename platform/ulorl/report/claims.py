@@ -592,14 +592,21 @@ def _mean_of(source: RunSource, run: RunInfo, key: str) -> Optional[float]:
 
 
 def run_costs(source: RunSource, runs: Sequence[RunInfo]) -> dict[str, float]:
-    """Mean over ``runs`` of their wall seconds (``wall_s``), periodic eval seconds (``eval_s``: mean
-    ``time/eval_s`` x the timed periodic evals, those after step 0, each run) and final evaluation seconds
-    (``final_eval_s``, ``eval.final``; only when every run has it, with its ``final_k`` and ``final_problems``
-    when every run ran the same); {} without runs."""
+    """What ``runs`` cost, from those that ran in one sitting (a run resumed from a checkpoint,
+    ``schema.RESUMED_TAG``, spans sittings whose machine load need not match; ``runs``: how many were
+    read). Seconds are means over those runs: wall (``wall_s``), periodic evals (``eval_s``: mean
+    ``time/eval_s`` x the timed periodic evals, those after step 0) and the final evaluation
+    (``final_eval_s``, ``eval.final``, with ``final_min_s`` / ``final_max_s``, and ``final_k`` /
+    ``final_problems`` when every run ran the same). Shares are each run's own, then averaged (the seconds
+    of runs on an idle and a loaded machine do not average, their shares do): ``eval_share`` (periodic
+    evals / wall), ``final_share`` (final / wall), ``final_added`` (final / the rest of the run) and
+    ``final_vs_periodic`` (final / periodic evals). {} without a run in one sitting."""
     out: dict[str, float] = {}
+    runs = [r for r in runs if schema.RESUMED_TAG not in r.tags]
     walls = [r.metrics["time/wall_s"] for r in runs if "time/wall_s" in r.metrics]
     if not runs or len(walls) != len(runs):
         return out
+    out["runs"] = float(len(runs))
     out["wall_s"] = float(np.mean(walls))
     evals = []
     for r in runs:   # the eval steps: where a per-problem CSV was written (the curve is logged at every step)
@@ -609,9 +616,15 @@ def run_costs(source: RunSource, runs: Sequence[RunInfo]) -> dict[str, float]:
             evals.append(per * len([s for s in steps if s > 0]))
     if len(evals) == len(runs):
         out["eval_s"] = float(np.mean(evals))
+        out["eval_share"] = float(np.mean([e / w for e, w in zip(evals, walls)]))
     finals = [r.metrics["time/final_eval_s"] for r in runs if "time/final_eval_s" in r.metrics]
     if len(finals) == len(runs):
         out["final_eval_s"] = float(np.mean(finals))
+        out["final_min_s"], out["final_max_s"] = float(min(finals)), float(max(finals))
+        out["final_share"] = float(np.mean([f / w for f, w in zip(finals, walls)]))
+        out["final_added"] = float(np.mean([f / (w - f) for f, w in zip(finals, walls)]))
+        if len(evals) == len(runs) and all(evals):
+            out["final_vs_periodic"] = float(np.mean([f / e for f, e in zip(finals, evals)]))
         sizes = {(r.params.get("eval.final.k", ""), r.params.get("eval.final.num_problems", "")) for r in runs}
         k, problems = next(iter(sizes))
         if len(sizes) == 1 and k.isdigit() and problems.isdigit():
@@ -828,10 +841,15 @@ DOCS_COLUMNS = ("claim", "sweep", "seeds", "effect a - b (per seed)", "t-interva
 DOCS_BEGIN, DOCS_END = "<!-- claims-table:begin -->", "<!-- claims-table:end -->"
 
 
+# A sweep named <folder>_<rest> in these folders is sweeps/<folder>/<rest>.yaml (its ``name:``).
+SWEEP_FOLDERS = ("choice", "entropy")
+
+
 def _sweep_command(r: ClaimResult, claims: Sequence[Claim]) -> str:
     name = r.sweep.split(" ")[0]
-    if name.startswith("choice_"):
-        return f"`ulorl-sweep sweeps/choice/{name[len('choice_'):]}.yaml`"
+    for folder in SWEEP_FOLDERS:
+        if name.startswith(folder + "_"):
+            return f"`ulorl-sweep sweeps/{folder}/{name[len(folder) + 1:]}.yaml`"
     cmd = next((c.sweep for c in claims if c.name == r.claim), "")
     return f"`{cmd}`" if cmd else "—"
 
@@ -990,16 +1008,18 @@ def reading_markdown(results: Sequence[ClaimResult]) -> str:
         parts = []
         for label, k in zip(r.arms.split(" vs "), (r.costs["a"], r.costs["b"])):
             text = f"{label}: {k['wall_s'] / 60:.1f} min per run"
-            if "eval_s" in k:
-                text += f", {100 * k['eval_s'] / k['wall_s']:.1f} % of it in periodic evals"
-            if "final_eval_s" in k:
-                text += (f", the final evaluation {k['final_eval_s']:.0f} s of it "
-                         f"({100 * k['final_eval_s'] / k['wall_s']:.1f} %)")
+            if "eval_share" in k:
+                text += f", {100 * k['eval_share']:.1f} % of it in periodic evals"
+            if "final_share" in k:
+                text += f", {100 * k['final_share']:.1f} % in the final evaluation"
             parts.append(text)
-        cost_lines.append(f"- `{name}` ({_seeds(r.seeds)}): " + "; ".join(parts) + ".")
+        counts = {int(r.costs[arm]["runs"]) for arm in ("a", "b")}
+        read = "" if counts == {r.seeds} else f", {'/'.join(str(int(r.costs[arm]['runs'])) for arm in ('a', 'b'))} " \
+            "of them in one sitting"
+        cost_lines.append(f"- `{name}` ({_seeds(r.seeds)}{read}): " + "; ".join(parts) + ".")
     if cost_lines:
         lines += ["", "Wall time of the runs (`time/wall_s`, `time/eval_s`, `time/final_eval_s` in the results files; "
-                  "the machines were shared, see below):", ""] + cost_lines
+                  "runs resumed from a checkpoint left out; the machines were shared, see below):", ""] + cost_lines
     return "\n".join(lines) + "\n"
 
 
@@ -1024,17 +1044,20 @@ def final_cost_markdown(results: Sequence[ClaimResult]) -> str:
             size = f", k = {arms[0]['final_k']:.0f} on {arms[0]['final_problems']:.0f} problems"
         parts = []
         for label, k in zip(r.arms.split(" vs "), arms):
-            final, wall = k["final_eval_s"], k["wall_s"]
-            text = (f"{label}: {final:.0f} s, {100 * final / wall:.1f} % of a {wall / 60:.1f} min run "
-                    f"(+{100 * final / (wall - final):.1f} % on the run without it)")
-            if k.get("eval_s"):
-                text += f", {final / k['eval_s']:.1f} x its periodic evals together"
+            lo, hi, n = k["final_min_s"], k["final_max_s"], int(k["runs"])
+            secs = f"{lo:.0f} s" if n == 1 else f"{lo:.0f}-{hi:.0f} s over {n} runs"
+            text = (f"{label}: {secs}, {100 * k['final_share']:.1f} % of a run "
+                    f"(+{100 * k['final_added']:.1f} % on the run without it)")
+            if "final_vs_periodic" in k:
+                text += f", {k['final_vs_periodic']:.1f} x its periodic evals together"
             parts.append(text)
         lines.append(f"- `{name}` ({_seeds(r.seeds)}{size}): " + "; ".join(parts) + ".")
     if not lines:
         return "No results file holds a final evaluation yet.\n"
-    return ("The final evaluation's cost, measured (mean over each arm's paired runs, on machines shared with "
-            "other work: the shares say more than the seconds):\n\n" + "\n".join(lines) + "\n")
+    return ("The final evaluation's cost, measured on each arm's paired runs that ran in one sitting (a run "
+            "resumed from a checkpoint is left out: its wall time spans sittings). The machines were shared "
+            "with other work, so the seconds of one run and the next differ many times over; the shares are "
+            "each run's own, averaged:\n\n" + "\n".join(lines) + "\n")
 
 
 def replace_docs_table(text: str, table: str, begin: str = DOCS_BEGIN, end: str = DOCS_END) -> str:

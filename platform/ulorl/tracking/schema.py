@@ -48,6 +48,7 @@ PRUNED_TAG = "ulorl.pruned"
 PRUNED_REASON_TAG = "ulorl.pruned_reason"
 PRUNED_STEP_TAG = "ulorl.pruned_step"
 PARENT_TAG = "mlflow.parentRunId"
+RESUMED_TAG = "ulorl.resumed_at_step"   # set on a run resumed from a checkpoint: the step it resumed at
 BENCHMARK_TAG = "ulorl.benchmark"
 MODEL_TAG = "ulorl.model"
 MODEL_LABEL_TAG = "ulorl.model_label"

@@ -132,7 +132,7 @@ class RunRecord:
             self.run_id = id_file.read_text().strip()
         if self.run_id:
             self.tracker = RunTracker.resume(self.tracking_uri, self.run_id)
-            self.tracker.set_tags({"ulorl.resumed_at_step": str(step)})
+            self.tracker.set_tags({schema.RESUMED_TAG: str(step)})
             # resumed from a checkpoint older than the run's last flush (an earlier one chosen past a damaged
             # one): the steps run again are already stored, and are not logged a second time
             self.tracker.skip_stored_points(after_step=step, probe_key=schema.SKIPPED_METRIC)

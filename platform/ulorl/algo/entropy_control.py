@@ -246,7 +246,7 @@ class ControlInputs:
 
     def __post_init__(self) -> None:
         check_token_shapes(self.response_mask, token_logprobs=self.token_logprobs, old_logprobs=self.old_logprobs,
-               token_entropy=self.token_entropy)
+                           token_entropy=self.token_entropy)
         _token_advantages(self.advantages, self.response_mask)
 
 

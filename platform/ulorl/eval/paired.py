@@ -49,6 +49,8 @@ REFUSED = "refused"                 # a selected configuration with no problems 
 
 
 # ----------------------------------------------------------------------------- over problems
+
+
 def paired_bootstrap(a: Sequence[float], b: Sequence[float], n_boot: int = N_BOOT, alpha: float = ALPHA,
                      seed: int = 0) -> tuple[float, float, float]:
     """Mean paired difference ``mean(a - b)`` and its percentile bootstrap interval.

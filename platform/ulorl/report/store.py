@@ -14,6 +14,7 @@ the committed results files that an export of such a store leaves.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -59,10 +60,9 @@ class RunInfo:
         return schema.float_param(self.params.get(key))
 
 
-class RunSource:
+class RunSource(ABC):
     """What the reports read: runs (oldest first), metric histories and per-problem scores.
-    Subclasses fill ``_runs`` and implement :meth:`history`, :meth:`per_problem_steps` and
-    :meth:`per_problem`."""
+    Subclasses (an MLflow store, the committed results files) implement the four abstract readers."""
 
     def __init__(self, runs: list[RunInfo]) -> None:
         self._runs = sorted(runs, key=lambda r: (r.start_time, r.run_id))
@@ -83,22 +83,22 @@ class RunSource:
     def children(self, run_id: str, kind: Optional[str] = None) -> list[RunInfo]:
         return [r for r in self.runs(kind=kind) if r.parent_id == run_id]
 
+    @abstractmethod
     def history(self, run_id: str, key: str) -> tuple[list[int], list[float]]:
         """(steps, values) of one metric, sorted by step; ([], []) when the run has none."""
-        raise NotImplementedError
 
+    @abstractmethod
     def per_problem_benches(self, run_id: str) -> list[str]:
         """Benchmarks (``heldout``, ``heldout_select``, ...) of the run's periodic per-problem scores."""
-        raise NotImplementedError
 
+    @abstractmethod
     def per_problem_steps(self, run_id: str, bench: str = "heldout") -> list[int]:
         """Steps of the run's periodic ``bench`` evals that left per-problem scores, ascending."""
-        raise NotImplementedError
 
+    @abstractmethod
     def per_problem(self, run_id: str, step: Optional[int] = None, bench: str = "heldout") -> dict[str, float]:
         """``problem_id -> accuracy`` of the run's periodic ``bench`` eval at ``step`` (None: the
         last one); {} when there is none."""
-        raise NotImplementedError
 
     def _eval_step(self, run_id: str, step: Optional[int], bench: str) -> Optional[int]:
         """``step`` if the run has ``bench`` per-problem scores there (None: its last such step); else None."""

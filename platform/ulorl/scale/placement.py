@@ -313,18 +313,20 @@ class EngineActor:
         # materialised here first would leave it too little free memory to start); hf: the whole model
         model, tok = engine_policy(cfg)
         # engine_rollout_config: tensor_parallel_size from resources.gpus_per_engine, the engine context
-        self._updates, self._updating = 0, False   # weight updates finished / one in flight (describe)
-        self.rollout_cfg = engine_rollout_config(cfg)
-        self.engine: Engine = make_engine(self.rollout_cfg, model, tok, in_trainer_process=False)
+        self._serve(make_engine(engine_rollout_config(cfg), model, tok, in_trainer_process=False))
 
     @classmethod
     def over(cls, engine: Engine) -> EngineActor:
         """The actor's methods over an engine built elsewhere, in this process (no Ray, no config): what
         the trainer's ``RemoteEngine`` calls, answered by ``engine``."""
         actor = cls.__new__(cls)
-        actor._updates, actor._updating = 0, False
-        actor.engine = engine
+        actor._serve(engine)
         return actor
+
+    def _serve(self, engine: Engine) -> None:
+        """The actor's state over ``engine``, however it was built."""
+        self.engine: Engine = engine
+        self._updates, self._updating = 0, False   # weight updates finished / one in flight (describe)
 
     @property
     def _vllm(self) -> VLLMEngine:

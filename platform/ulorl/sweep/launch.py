@@ -116,7 +116,6 @@ class SweepInterrupted(Exception):
         self.sweep_dir = sweep_dir
         self.signum = signum   # what stopped it: the command exits with 128 + signum (130 Ctrl-C, 143 SIGTERM)
 
-
     @classmethod
     def from_view(cls, view: Optional[SweepView], parent_run_id: Optional[str], sweep_dir: Path,
                   signum: int = signal.SIGINT) -> SweepInterrupted:
@@ -133,7 +132,6 @@ class SweepAlreadyFinished(Exception):
         super().__init__(f"sweep already finished (parent run {parent_run_id}, {sweep_dir})")
         self.parent_run_id = parent_run_id
         self.sweep_dir = sweep_dir
-
 
 
 class StopSignals:

@@ -313,7 +313,8 @@ class EngineActor:
         # materialised here first would leave it too little free memory to start); hf: the whole model
         model, tok = engine_policy(cfg)
         # engine_rollout_config: tensor_parallel_size from resources.gpus_per_engine, the engine context
-        self._serve(make_engine(engine_rollout_config(cfg), model, tok, in_trainer_process=False))
+        self.rollout_cfg = engine_rollout_config(cfg)   # what this actor's engine was built with
+        self._serve(make_engine(self.rollout_cfg, model, tok, in_trainer_process=False))
 
     @classmethod
     def over(cls, engine: Engine) -> EngineActor:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from ulorl.bench.entropy_map import summarize_trial, summary_table
 from ulorl.train.entropy_probe import ProbeRecord
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _record(step: int, terms: list[float]) -> ProbeRecord:
@@ -68,3 +72,63 @@ def test_run_table_reports_final_entropy_share_at_own_tau_and_proxy_agreement():
     assert "| 80.0% (" in line
     assert "| -0.2 |" in line            # two probed steps' realized -0.1 each, summed
     assert run_table([{"label": "bare"}]).splitlines()[2].startswith("| bare | - -> - +- - | - (-) | - |")
+
+
+def test_model_shape_reads_the_folder_and_its_manifest(tmp_path):
+    from ulorl.bench.entropy_map import model_shape
+
+    shipped = model_shape("embedded:choice")
+    assert (shipped["hidden_size"], shipped["num_hidden_layers"], shipped["intermediate_size"]) == (128, 4, 512)
+    assert shipped["parameters"] > 10**6
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text('{"hidden_size": 64, "num_hidden_layers": 2, "rope_theta": 1}')
+    assert model_shape(str(tmp_path / "m")) == {"hidden_size": 64, "num_hidden_layers": 2}
+    assert model_shape("Qwen/Qwen3-4B") == {}  # a hub id: nothing local to read
+
+
+def test_a_missing_model_folder_stops_the_map_with_its_path(tmp_path, capsys):
+    from ulorl.bench.entropy_map import main
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: s\nbase: {ROOT / 'experiments' / 'quickstart_choice.yaml'}\n"
+                    f"variants:\n  - {{name: gone, overrides: {{model.name_or_path: {tmp_path / 'nope'}}}}}\n"
+                    "search: {algorithm: grid}\nmetric: train/entropy\nmode: min\nstop: {steps: 1}\n")
+    assert main([str(spec), "--out", str(tmp_path / "o.jsonl"), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err
+    assert "gone seed+0" in err and str(tmp_path / "nope") in err
+    assert not (tmp_path / "o.jsonl").exists() or not (tmp_path / "o.jsonl").read_text()
+
+
+def test_variant_table_pools_each_variants_seeds_as_a_ratio_of_sums():
+    from ulorl.bench.entropy_map import variant_table
+
+    def row(variant, mpt_low, mpt_top, neg, share, cpu):
+        return {"variant": variant, "entropy": {"start": 0.2, "end": 0.1}, "cost": {"cpu_s": cpu},
+                "shape": {"hidden_size": 64, "num_hidden_layers": 2, "parameters": 290_000},
+                "bins": {"adam": {"pos": {"0-0.5": 0.0, "0.8-0.9": mpt_low, "0.99-1": mpt_top},
+                                  "neg": {"0-0.5": neg}}},
+                "classes": {"adam": {"pos_high": mpt_low + mpt_top, "neg_low": neg}},
+                "share": {"adam": {"0.8": share}}}
+
+    rows = [row("narrow", -0.2, -0.1, -0.7, 0.3, 10), row("narrow", -0.1, 0.0, -0.9, 0.1, 20)]
+    table = variant_table(rows).splitlines()
+    assert len(table) == 3
+    cells = [c.strip() for c in table[2].strip("|").split("|")]
+    # totals -1.0 and -1.0; MPT at 0.8: -0.3 and -0.1 -> 20 %; at 0.9 and 0.99 only the 0.99-1 bin: -0.1 -> 5 %
+    assert cells[:4] == ["narrow", "2", "0.29 M", "64 x 2"]
+    assert cells[5:] == ["-1", "20.0%", "5.0%", "5.0%", "10.0% - 30.0%", "20.0%", "15"]
+
+
+def test_pool_by_variant_sums_bins_and_recomputes_the_share():
+    from ulorl.bench.entropy_map import pool_by_variant
+
+    def row(variant, mpt, neg):
+        return {"variant": variant, "bins": {"adam": {"pos": {"0-0.5": 0.0, "0.8-0.85": mpt}, "neg": {"0-0.5": neg}}}}
+
+    pooled = pool_by_variant([row("a", -0.3, -0.7), row("b", -0.5, -0.5), row("a", -0.1, -0.9)])
+    assert [p["label"] for p in pooled] == ["a (2 runs)", "b (1 runs)"]
+    assert pooled[0]["bins"]["adam"]["pos"]["0-0.5"] == 0.0
+    assert pooled[0]["bins"]["adam"]["pos"]["0.8-0.85"] == pytest.approx(-0.4)
+    assert pooled[0]["share"]["adam"]["0.8"] == pytest.approx(0.2)    # -0.4 / -2.0
+    assert pooled[0]["share"]["adam"]["0.85"] == pytest.approx(0.0)   # no bin starts at or above 0.85
+    assert pooled[1]["share"]["adam"]["0.8"] == pytest.approx(0.5)

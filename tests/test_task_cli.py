@@ -87,3 +87,29 @@ def test_choice_profile_as_shipped_meets_its_targets(capsys) -> None:
     forms = res["accuracy_by_form"]
     assert forms["guess"]["n"] + forms["derivation"]["n"] == 256
     assert forms["derivation"]["accuracy"] > (forms["guess"]["accuracy"] or 0.0)  # length buys accuracy
+
+
+def test_warmstart_shape_flags_build_that_shape(tmp_path, monkeypatch, capsys) -> None:
+    """--hidden-size / --layers / --vocab-size reach the built model and its tokenizer (and the cache key)."""
+    monkeypatch.setenv("ULORL_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "narrow"
+    assert main(["warmstart", "--profile", "choice", "--hidden-size", "64", "--layers", "2", "--vocab-size", "258",
+                 "--max-steps", "2", "--eval-every", "2", "--threads", "1", "--quiet", "--json",
+                 "--out", str(out)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]) == (64, 256, 2)
+    assert cfg["vocab_size"] == 320  # 258 tokens padded up to a multiple of 64
+    from ulorl.models.loading import load_tokenizer
+    assert len(load_tokenizer(str(out))) == 258  # bytes and the two special tokens: no merge
+    from ulorl.models.warmstart import profile_config
+    assert res["cache_key"] != profile_config("choice").cache_key()
+
+
+def test_warmstart_bad_shape_flags_are_named(capsys) -> None:
+    assert main(["warmstart", "--hidden-size", "66"]) == 2
+    assert "--hidden-size" in capsys.readouterr().err
+    assert main(["warmstart", "--layers", "0"]) == 2
+    assert "--layers" in capsys.readouterr().err
+    assert main(["warmstart", "--vocab-size", "600"]) == 2
+    assert "--vocab-size" in capsys.readouterr().err

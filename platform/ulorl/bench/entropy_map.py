@@ -41,8 +41,8 @@ from typing import Any, Optional
 from ulorl.algo.entropy_decomp import CLASSES, MPT_CLASS, P_EDGES, agreement
 from ulorl.jsonout import emit_json, json_command
 
-__all__ = ["FINAL_WINDOW", "TAUS", "WINDOW", "final_entropy", "main", "paired_final_entropy", "plot_map",
-           "run_table", "summarize_trial", "summary_table"]
+__all__ = ["FINAL_WINDOW", "TAUS", "WINDOW", "final_entropy", "main", "model_shape", "paired_final_entropy", "plot_map",
+           "pool_by_variant", "run_table", "summarize_trial", "summary_table", "variant_table"]
 
 TAUS = (0.8, 0.85, 0.9, 0.95, 0.99)
 WINDOW = 5   # update steps averaged for the start / end entropy of a short run
@@ -238,6 +238,63 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _pooled_mpt(rows: Sequence[dict[str, Any]], tau: float) -> float:
+    """Sum over ``rows`` of the Adam terms of the positive tokens with p >= ``tau`` (the MPT class at tau)."""
+    return math.fsum(v for r in rows for key, v in r["bins"]["adam"]["pos"].items() if float(key.split("-")[0]) >= tau)
+
+
+def pool_by_variant(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per variant with its runs' ``bins`` summed and ``share`` recomputed from the sums (the ratio
+    of sums over every probed step of every run), labelled "<variant> (<n> runs)": what ``plot_map`` draws
+    for a map with repeats."""
+    out = []
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        group = [r for r in rows if r["variant"] == name and r.get("bins")]
+        if not group:
+            continue
+        bins: dict[str, dict[str, dict[str, float]]] = {}
+        for g in group[0]["bins"]:
+            bins[g] = {side: {k: math.fsum(r["bins"][g][side][k] for r in group) for k in group[0]["bins"][g][side]}
+                       for side in ("pos", "neg")}
+        share = {}
+        for g, b in bins.items():
+            total = math.fsum(v for side in b.values() for v in side.values())
+            share[g] = {f"{t:g}": (math.fsum(v for k, v in b["pos"].items() if float(k.split("-")[0]) >= t) / total
+                                   if total else float("nan")) for t in TAUS}
+        out.append({"label": f"{name} ({len(group)} runs)", "variant": name, "bins": bins, "share": share})
+    return out
+
+
+def variant_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table, one line per variant, its seeds pooled: the model's parameters and shape (hidden x
+    layers), entropy start -> end (means over the runs), the net of the class terms over their gross, the MPT
+    share at tau 0.8 / 0.9 / 0.99 as a ratio of sums over every probed step of every run (a run with little
+    change weighs little, as within a run), the range of the runs' own shares at tau 0.8, the gross MPT share
+    at tau 0.8 (|MPT terms| over the summed |class terms|, pooled), and the mean CPU s of a run."""
+    lines = ["| variant | runs | parameters | hidden x layers | entropy start -> end | net / gross | share 0.8 | "
+             "share 0.9 | share 0.99 | runs' share 0.8 | gross share 0.8 | CPU s |", "|" + "---|" * 12]
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        group = [r for r in rows if r["variant"] == name and r.get("bins")]
+        if not group:
+            continue
+        total = math.fsum(v for r in group for side in ("pos", "neg") for v in r["bins"]["adam"][side].values())
+        gross = math.fsum(abs(v) for r in group for v in r["classes"]["adam"].values())
+        shape = group[0].get("shape") or {}
+        params = shape.get("parameters")
+        own = [r["share"]["adam"]["0.8"] for r in group]
+        cells = [name, str(len(group)), f"{params / 1e6:.2f} M" if params else "-",
+                 f"{shape.get('hidden_size', '?')} x {shape.get('num_hidden_layers', '?')}" if shape else "-",
+                 f"{_fmt(statistics.fmean(r['entropy']['start'] for r in group))} -> "
+                 f"{_fmt(statistics.fmean(r['entropy']['end'] for r in group))}",
+                 _fmt(total / gross if gross else None)]
+        cells += [_fmt(_pooled_mpt(group, t) / total if total else None, True) for t in (0.8, 0.9, 0.99)]
+        cells.append(f"{_fmt(min(own), True)} - {_fmt(max(own), True)}")
+        cells.append(_fmt(math.fsum(abs(_pooled_mpt([r], 0.8)) for r in group) / gross if gross else None, True))
+        cells.append(f"{statistics.fmean(r['cost']['cpu_s'] for r in group):.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 FINAL_WINDOW = 10   # "final entropy": mean train/entropy of a run's last 10 logged steps (as ulorl.report.claims)
 
 
@@ -340,6 +397,25 @@ def plot_map(rows: Sequence[dict[str, Any]], path: str | Path, geometry: str = "
     plt.close(fig)
 
 
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")
+
+
+def model_shape(name_or_path: str) -> dict[str, Any]:
+    """The shape of a local model folder (``config.json``) and its parameter count when a warm-start manifest
+    holds it; {} for a model that is not a local folder."""
+    from ulorl.models.loading import resolve_model_path
+    from ulorl.models.warmstart import MANIFEST
+
+    folder = Path(resolve_model_path(name_or_path))
+    if not (folder / "config.json").is_file():
+        return {}
+    config = json.loads((folder / "config.json").read_text())
+    shape = {k: config[k] for k in SHAPE_KEYS if k in config}
+    if (folder / MANIFEST).is_file():
+        shape["parameters"] = json.loads((folder / MANIFEST).read_text()).get("parameters")
+    return shape
+
+
 @json_command
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(
@@ -353,6 +429,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--summary", action="store_true", help="print the table of --out and stop")
     p.add_argument("--plot", help="with --summary: also draw the map (PNG) of --out's rows with a probe")
     p.add_argument("--pair", help="with --summary: 'A,B' = variant A's final entropy minus B's, paired by seed")
+    p.add_argument("--by-variant", action="store_true",
+                   help="with --summary: also one line per variant, its seeds pooled (maps with repeats); "
+                        "--plot then draws the pooled variants")
     p.add_argument("--json", action="store_true", help="with --summary: the rows as one JSON object")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -360,11 +439,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
         pair = paired_final_entropy(rows, *args.pair.split(",", 1)) if args.pair else None
         if args.plot:
-            plot_map(rows, args.plot)
+            plot_map(pool_by_variant(rows) if args.by_variant else rows, args.plot)
         if args.json:
             emit_json({"rows": rows, "pair": pair})
             return 0
         print(summary_table(rows))
+        if args.by_variant:
+            print()
+            print(variant_table(rows))
         if pair is not None:
             print()
             print(run_table(rows))
@@ -374,6 +456,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         p.error("give a sweep spec (or --summary)")
     from ulorl.config import apply_overrides as apply
     from ulorl.config import config_from_dict
+    from ulorl.models.loading import ModelLoadError
     from ulorl.sweep.spec import SweepError, grid_trials, load_sweep, seed_overrides
 
     try:
@@ -404,11 +487,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = config_from_dict(apply(base, over), source=f"{args.sweep} ({label})")
         print(f"[entropy-map] {label}: {cfg.train.max_steps} steps, probe every {cfg.train.entropy_probe_every}",
               file=sys.stderr, flush=True)
-        row = _run_trial(cfg, workdir, label, progress=True)
+        try:
+            row = _run_trial(cfg, workdir, label, progress=True)
+        except ModelLoadError as exc:
+            print(f"entropy_map: {label}: {exc} (a model the sweep file names must be built first: its comment "
+                  "has the command)", file=sys.stderr)
+            return 2
         row.update({"label": label, "variant": trial["variant"], "seed_offset": trial["repeat"],
                     "overrides": {k: v for k, v in over.items()}, "tau": cfg.algo.mpt.tau,
                     "temperature": cfg.rollout.temperature, "lr": cfg.train.lr, "model": cfg.model.name_or_path,
-                    "mode": cfg.algo.mpt.mode, "sweep": spec.name})
+                    "mode": cfg.algo.mpt.mode, "sweep": spec.name, "shape": model_shape(cfg.model.name_or_path)})
         with out.open("a") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
         print(f"[entropy-map] {label}: written to {out} ({row['cost']['cpu_s']:.0f} CPU s, "

@@ -7,6 +7,7 @@
     ulorl-data stats --json --n 256 --seed 0      # the same as one JSON object on stdout
     ulorl-data sample --n 3                       # print a few task items with their solutions
     ulorl-data warmstart --profile choice --out platform/ulorl/assets/embedded_choice   # the second profile
+    ulorl-data warmstart --profile choice --hidden-size 256 --out runs/shapes/wide   # another model shape
     ulorl-data stats --profile choice --json      # its stats (sampling_entropy, accuracy_by_length)
 
 Profiles (--profile): default = embedded (running sums, one solution, the fast default);
@@ -28,6 +29,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,8 @@ from typing import Any, Optional
 
 from ulorl.data.profiles import profile_names
 from ulorl.jsonout import emit_json, json_command
+from ulorl.models.tiny import DEFAULT_TINY, TinySpec
+from ulorl.models.tokenizer import DEFAULT_VOCAB_SIZE
 
 
 class DataCliError(Exception):
@@ -66,6 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--max-steps", type=int, default=None, help="optimizer-step guard (default 3000; choice 6000)")
     w.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default 50; choice 100)")
     w.add_argument("--threads", type=int, default=None, help="torch threads (default min(2, cores))")
+    w.add_argument("--hidden-size", type=int, default=None,
+                   help=f"model width (default {DEFAULT_TINY.hidden_size}); must divide by the heads")
+    w.add_argument("--intermediate-size", type=int, default=None,
+                   help=f"MLP width (default {DEFAULT_TINY.intermediate_size}; with --hidden-size alone: 4x it)")
+    w.add_argument("--layers", type=int, default=None,
+                   help=f"transformer layers (default {DEFAULT_TINY.num_hidden_layers})")
+    w.add_argument("--vocab-size", type=int, default=None,
+                   help=f"tokenizer size asked for: 256 bytes + 2 special tokens + merges, <= 512 (default "
+                        f"{DEFAULT_VOCAB_SIZE}); the task's corpus has merges for 264 at most, so a larger value "
+                        "gives the same 264 tokens")
     w.add_argument("--checkpoints", action="store_true",
                    help="keep every evaluated model (with its eval.json) under <cache folder>.partial/")
     w.add_argument("--quiet", action="store_true", help="no progress output")
@@ -102,18 +116,37 @@ def build_parser() -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------- warmstart
 
 
+def shape_spec(args: argparse.Namespace) -> Optional[TinySpec]:
+    """The model shape the flags ask for, or None (the shipped shape) when no shape flag is given."""
+    if args.hidden_size is None and args.intermediate_size is None and args.layers is None:
+        return None
+    hidden = DEFAULT_TINY.hidden_size if args.hidden_size is None else args.hidden_size
+    if hidden % DEFAULT_TINY.num_attention_heads:
+        raise DataCliError(f"--hidden-size must be a multiple of the {DEFAULT_TINY.num_attention_heads} attention "
+                           f"heads, got {hidden}")
+    if args.intermediate_size is not None:
+        intermediate = args.intermediate_size
+    else:
+        intermediate = DEFAULT_TINY.intermediate_size * hidden // DEFAULT_TINY.hidden_size
+    layers = DEFAULT_TINY.num_hidden_layers if args.layers is None else args.layers
+    return dataclasses.replace(DEFAULT_TINY, hidden_size=hidden, intermediate_size=intermediate,
+                               num_hidden_layers=layers)
+
+
 def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
     from ulorl.models.warmstart import ensure_warmstart, profile_config, warmstart_dir, with_overrides
 
     if args.target_acc is not None and not 0.0 < args.target_acc <= 1.0:
         raise DataCliError(f"--target-acc must be in (0, 1], got {args.target_acc}")
-    for name in ("max_steps", "eval_every", "threads"):
+    if args.vocab_size is not None and not 258 <= args.vocab_size <= 512:
+        raise DataCliError(f"--vocab-size must be in [258, 512], got {args.vocab_size}")
+    for name in ("max_steps", "eval_every", "threads", "hidden_size", "intermediate_size", "layers"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise DataCliError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
     cfg = with_overrides(profile_config(args.profile), seed=args.seed, target_acc=args.target_acc,
                          max_steps=args.max_steps, eval_every=args.eval_every, threads=args.threads,
-                         checkpoints=args.checkpoints or None)
+                         checkpoints=args.checkpoints or None, tiny=shape_spec(args), vocab_size=args.vocab_size)
     t0 = time.time()
     cache = warmstart_dir(cfg)
     if not args.quiet:

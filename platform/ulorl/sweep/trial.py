@@ -24,6 +24,24 @@ from ulorl.train.trainer import Trainer
 FAIL_ENV = "ULORL_INJECT_FAILURE"   # "STEP:MARKER_PATH": fail once at STEP (tests of fault tolerance)
 
 
+LOCAL_PATH_KEYS = ("model.name_or_path", "data.train", "data.heldout")
+
+
+def absolute_local_paths(config: dict[str, Any], cwd: Path) -> dict[str, str]:
+    """Overrides that make each relative path among ``LOCAL_PATH_KEYS`` of the nested ``config`` absolute
+    against ``cwd``, the driver's working directory: Tune runs a trial in a folder of its own. A value
+    that names nothing under ``cwd`` (``embedded``, a benchmark name, a HF id) is left alone."""
+    out: dict[str, str] = {}
+    for key in LOCAL_PATH_KEYS:
+        section, name = key.split(".")
+        value = (config.get(section) or {}).get(name)
+        if not isinstance(value, str) or not value or value.startswith("embedded") or Path(value).is_absolute():
+            continue
+        if (cwd / value).exists():
+            out[key] = str((cwd / value).resolve())
+    return out
+
+
 def trial_meta(spec: SweepSpec, base: dict[str, Any], base_path: Path, sweep_dir: Path, parent_run_id: str,
                trial_tracking_uri: str) -> dict[str, Any]:
     """The sweep-wide settings every trial gets (:func:`trial_fn`'s ``meta``); a grid sweep's trials
@@ -32,7 +50,7 @@ def trial_meta(spec: SweepSpec, base: dict[str, Any], base_path: Path, sweep_dir
         "base_dict": base, "base_path": str(base_path), "sweep_dir": str(sweep_dir),
         "sweep_name": spec.name, "parent_run_id": parent_run_id, "trial_tracking_uri": trial_tracking_uri,
         "tags": dict(spec.tags), "metrics": spec.metrics, "cpu": spec.resources.cpu,
-        "fixed": fixed_overrides(spec),
+        "fixed": fixed_overrides(spec), "cwd": str(Path.cwd()),
     }
     if spec.search.algorithm == "grid":
         meta["grid"] = [{"trial_overrides": t["overrides"], "variant": t["variant"], "repeat": t["repeat"],
@@ -73,6 +91,7 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any], credentials: Optional
     placed = needs_placement(config_from_dict(apply_overrides(base, overrides), source=meta["base_path"]))
     if not placed:  # a placed trial's actors take one thread per CPU of their own bundle
         overrides["train.threads"] = max(1, int(meta["cpu"]))
+    overrides.update(absolute_local_paths(apply_overrides(base, overrides), Path(meta.get("cwd") or Path.cwd())))
     cfg = config_from_dict(apply_overrides(base, overrides), source=meta["base_path"])
 
     run_dir = Path(meta["sweep_dir"]) / "trials" / trial_id

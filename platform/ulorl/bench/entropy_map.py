@@ -238,9 +238,18 @@ def summary_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _pooled_mpt(rows: Sequence[dict[str, Any]], tau: float) -> float:
-    """Sum over ``rows`` of the Adam terms of the positive tokens with p >= ``tau`` (the MPT class at tau)."""
-    return math.fsum(v for r in rows for key, v in r["bins"]["adam"]["pos"].items() if float(key.split("-")[0]) >= tau)
+def _mpt_sum(pos_bins: dict[str, float], tau: float) -> float:
+    """Sum of the positive-advantage bins (keys "lo-hi") that start at or above ``tau``: the MPT class at tau."""
+    return math.fsum(v for key, v in pos_bins.items() if float(key.split("-")[0]) >= tau)
+
+
+def _by_variant(rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The rows with probe bins, grouped by variant in first-seen order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("bins"):
+            groups.setdefault(r["variant"], []).append(r)
+    return groups
 
 
 def pool_by_variant(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -248,20 +257,16 @@ def pool_by_variant(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     of sums over every probed step of every run), labelled "<variant> (<n> runs)": what ``plot_map`` draws
     for a map with repeats."""
     out = []
-    for name in dict.fromkeys(r["variant"] for r in rows):
-        group = [r for r in rows if r["variant"] == name and r.get("bins")]
-        if not group:
-            continue
-        bins: dict[str, dict[str, dict[str, float]]] = {}
-        for g in group[0]["bins"]:
-            bins[g] = {side: {k: math.fsum(r["bins"][g][side][k] for r in group) for k in group[0]["bins"][g][side]}
-                       for side in ("pos", "neg")}
+    for name, group in _by_variant(rows).items():
+        bins = {g: {side: {k: math.fsum(r["bins"][g][side][k] for r in group) for k in side_bins}
+                    for side, side_bins in geometry_bins.items()}
+                for g, geometry_bins in group[0]["bins"].items()}
         share = {}
         for g, b in bins.items():
             total = math.fsum(v for side in b.values() for v in side.values())
-            share[g] = {f"{t:g}": (math.fsum(v for k, v in b["pos"].items() if float(k.split("-")[0]) >= t) / total
-                                   if total else float("nan")) for t in TAUS}
-        out.append({"label": f"{name} ({len(group)} runs)", "variant": name, "bins": bins, "share": share})
+            share[g] = {f"{t:g}": _mpt_sum(b["pos"], t) / total if total else float("nan") for t in TAUS}
+        out.append({"label": f"{name} ({len(group)} runs)", "variant": name, "bins": bins, "share": share,
+                    "runs": group})
     return out
 
 
@@ -273,23 +278,22 @@ def variant_table(rows: Sequence[dict[str, Any]]) -> str:
     at tau 0.8 (|MPT terms| over the summed |class terms|, pooled), and the mean CPU s of a run."""
     lines = ["| variant | runs | parameters | hidden x layers | entropy start -> end | net / gross | share 0.8 | "
              "share 0.9 | share 0.99 | runs' share 0.8 | gross share 0.8 | CPU s |", "|" + "---|" * 12]
-    for name in dict.fromkeys(r["variant"] for r in rows):
-        group = [r for r in rows if r["variant"] == name and r.get("bins")]
-        if not group:
-            continue
-        total = math.fsum(v for r in group for side in ("pos", "neg") for v in r["bins"]["adam"][side].values())
+    for pooled in pool_by_variant(rows):
+        group = pooled["runs"]
+        total = math.fsum(v for side in pooled["bins"]["adam"].values() for v in side.values())
         gross = math.fsum(abs(v) for r in group for v in r["classes"]["adam"].values())
         shape = group[0].get("shape") or {}
         params = shape.get("parameters")
         own = [r["share"]["adam"]["0.8"] for r in group]
-        cells = [name, str(len(group)), f"{params / 1e6:.2f} M" if params else "-",
+        cells = [pooled["variant"], str(len(group)), f"{params / 1e6:.2f} M" if params else "-",
                  f"{shape.get('hidden_size', '?')} x {shape.get('num_hidden_layers', '?')}" if shape else "-",
                  f"{_fmt(statistics.fmean(r['entropy']['start'] for r in group))} -> "
                  f"{_fmt(statistics.fmean(r['entropy']['end'] for r in group))}",
                  _fmt(total / gross if gross else None)]
-        cells += [_fmt(_pooled_mpt(group, t) / total if total else None, True) for t in (0.8, 0.9, 0.99)]
+        cells += [_fmt(pooled["share"]["adam"][f"{t:g}"], True) for t in (0.8, 0.9, 0.99)]
         cells.append(f"{_fmt(min(own), True)} - {_fmt(max(own), True)}")
-        cells.append(_fmt(math.fsum(abs(_pooled_mpt([r], 0.8)) for r in group) / gross if gross else None, True))
+        gross_mpt = math.fsum(abs(_mpt_sum(r["bins"]["adam"]["pos"], 0.8)) for r in group)
+        cells.append(_fmt(gross_mpt / gross if gross else None, True))
         cells.append(f"{statistics.fmean(r['cost']['cpu_s'] for r in group):.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -38,7 +38,7 @@ from typing import Any, Optional
 from ulorl.data.profiles import profile_names
 from ulorl.jsonout import emit_json, json_command
 from ulorl.models.tiny import DEFAULT_TINY, TinySpec
-from ulorl.models.tokenizer import DEFAULT_VOCAB_SIZE
+from ulorl.models.tokenizer import DEFAULT_VOCAB_SIZE, VOCAB_RANGE
 
 
 class DataCliError(Exception):
@@ -138,8 +138,8 @@ def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.target_acc is not None and not 0.0 < args.target_acc <= 1.0:
         raise DataCliError(f"--target-acc must be in (0, 1], got {args.target_acc}")
-    if args.vocab_size is not None and not 258 <= args.vocab_size <= 512:
-        raise DataCliError(f"--vocab-size must be in [258, 512], got {args.vocab_size}")
+    if args.vocab_size is not None and not VOCAB_RANGE[0] <= args.vocab_size <= VOCAB_RANGE[1]:
+        raise DataCliError(f"--vocab-size must be in [{VOCAB_RANGE[0]}, {VOCAB_RANGE[1]}], got {args.vocab_size}")
     for name in ("max_steps", "eval_every", "threads", "hidden_size", "intermediate_size", "layers"):
         v = getattr(args, name)
         if v is not None and v < 1:

@@ -21,6 +21,7 @@ EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = [EOS_TOKEN, PAD_TOKEN]
 DEFAULT_VOCAB_SIZE = 320
+VOCAB_RANGE = (258, 512)   # the 256 byte symbols and 2 special tokens, at least; the embedding's cap, at most
 CORPUS_SEED = 12345
 CORPUS_SIZE = 4000
 
@@ -41,8 +42,8 @@ def build_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, padding_side: str = "l
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if not 258 <= vocab_size <= 512:
-        raise ValueError(f"vocab_size must be in [258, 512], got {vocab_size}")
+    if not VOCAB_RANGE[0] <= vocab_size <= VOCAB_RANGE[1]:
+        raise ValueError(f"vocab_size must be in [{VOCAB_RANGE[0]}, {VOCAB_RANGE[1]}], got {vocab_size}")
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict
+from ulorl.data.profiles import EMBEDDED
 from ulorl.quiet import quiet_libraries
 from ulorl.sweep import prune
 from ulorl.sweep.command import fixed_overrides
@@ -35,7 +36,7 @@ def absolute_local_paths(config: dict[str, Any], cwd: Path) -> dict[str, str]:
     for key in LOCAL_PATH_KEYS:
         section, name = key.split(".")
         value = (config.get(section) or {}).get(name)
-        if not isinstance(value, str) or not value or value.startswith("embedded") or Path(value).is_absolute():
+        if not isinstance(value, str) or not value or value.startswith(EMBEDDED) or Path(value).is_absolute():
             continue
         if (cwd / value).exists():
             out[key] = str((cwd / value).resolve())
@@ -91,7 +92,7 @@ def trial_fn(config: dict[str, Any], meta: dict[str, Any], credentials: Optional
     placed = needs_placement(config_from_dict(apply_overrides(base, overrides), source=meta["base_path"]))
     if not placed:  # a placed trial's actors take one thread per CPU of their own bundle
         overrides["train.threads"] = max(1, int(meta["cpu"]))
-    overrides.update(absolute_local_paths(apply_overrides(base, overrides), Path(meta.get("cwd") or Path.cwd())))
+    overrides.update(absolute_local_paths(apply_overrides(base, overrides), Path(meta["cwd"])))
     cfg = config_from_dict(apply_overrides(base, overrides), source=meta["base_path"])
 
     run_dir = Path(meta["sweep_dir"]) / "trials" / trial_id

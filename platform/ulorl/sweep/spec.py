@@ -203,6 +203,8 @@ class SweepSpec(_S):
     baseline: Optional[Baseline] = Field(None, description="extra trial(s) every search trial is compared with")
     references: list[Reference] = Field(default_factory=list, description="more reference trials outside the "
                                         "searcher (e.g. the S = 1 run of the speedup)")
+    epilogue: list[str] = Field(default_factory=list, description="lines printed after the verdict (what it covers, "
+                                "the command to run next)")
 
     @field_validator("seed_offsets", mode="before")
     @classmethod

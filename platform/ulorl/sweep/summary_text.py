@@ -74,3 +74,5 @@ def print_summary(summary: dict[str, Any], spec: Any, file: Any = None) -> None:
     if summary.get("not_covered"):
         console.print(summary["not_covered"], soft_wrap=True)
     console.print(summary.get("verdict") or "verdict: -", soft_wrap=True)
+    for line in getattr(spec, "epilogue", None) or []:
+        console.print(line, soft_wrap=True, markup=False, highlight=False)

@@ -53,6 +53,10 @@ N = 7.0
 # row 1 = 2/5 * 6 * 1 = 12/5 > 2; SAIS row 0 = 8/5 * 5/8 * 3/2 * 1 = 3/2, row 1 = 12/5. Scope segment: row 0's
 # segments 4 * 1/4 = 1 and 3/2 * 1 = 3/2 (POIS), 8/5 * 5/8 = 1 and 3/2 (SAIS); row 1 one segment = 12/5.
 # TOIS (S = 1) uses POIS's numbers with one segment per row, so scope segment == scope response.
+# geo_tis / geo_mis: the products' geometric means, every one inside [1/2, 2] (nothing truncated or rejected):
+# row 0 (4 tokens) (3/2)^(1/4), row 1 (3 tokens) (12/5)^(1/3); scope segment: row 0's 2-token segments
+# 1^(1/2) = 1 and (3/2)^(1/2).
+G0, G1, GS = 1.5 ** 0.25, 2.4 ** (1 / 3), 1.5 ** 0.5
 X = None   # rejected
 EXPECTED: dict[tuple[str, str, str], list[list[float | None]]] = {
     ("pois", "off", "response"): [[1, 1, 1, 1], [1, 1, 1]],
@@ -63,6 +67,18 @@ EXPECTED: dict[tuple[str, str, str], list[list[float | None]]] = {
     ("pois", "seq_tis", "segment"): [[1, 1, 1.5, 1.5], [2, 2, 2]],
     ("pois", "seq_mis", "segment"): [[1, 1, 1.5, 1.5], [X, X, X]],
     ("pois", "icepop", "response"): [[4, X, 1.5, 1], [X, X, 1]],
+    ("pois", "geo_tis", "response"): [[G0, G0, G0, G0], [G1, G1, G1]],
+    ("pois", "geo_mis", "response"): [[G0, G0, G0, G0], [G1, G1, G1]],
+    ("pois", "geo_tis", "segment"): [[1, 1, GS, GS], [G1, G1, G1]],
+    ("pois", "geo_mis", "segment"): [[1, 1, GS, GS], [G1, G1, G1]],
+    ("sais", "geo_tis", "response"): [[G0, G0, G0, G0], [G1, G1, G1]],
+    ("sais", "geo_mis", "response"): [[G0, G0, G0, G0], [G1, G1, G1]],
+    ("sais", "geo_tis", "segment"): [[1, 1, GS, GS], [G1, G1, G1]],
+    ("sais", "geo_mis", "segment"): [[1, 1, GS, GS], [G1, G1, G1]],
+    ("tois", "geo_tis", "response"): [[G0, G0, G0, G0], [G1, G1, G1]],
+    ("tois", "geo_mis", "response"): [[G0, G0, G0, G0], [G1, G1, G1]],
+    ("tois", "geo_tis", "segment"): [[G0, G0, G0, G0], [G1, G1, G1]],
+    ("tois", "geo_mis", "segment"): [[G0, G0, G0, G0], [G1, G1, G1]],
     ("sais", "off", "response"): [[1, 1, 1, 1], [1, 1, 1]],
     ("sais", "token_tis", "response"): [[1.6, 0.625, 1.5, 1], [0.4, 2, 1]],
     ("sais", "token_mis", "response"): [[1.6, 0.625, 1.5, 1], [0.4, X, 1]],
@@ -173,6 +189,60 @@ def test_safety_bound_keeps_a_long_sequence_finite():
     x = CorrectionInputs(torch.tensor([[0.0]]), torch.tensor([[-30.0]]), torch.ones(1, 1, dtype=torch.bool),
                          torch.zeros(1, 1, dtype=torch.long))
     assert x.token_ratio().item() == pytest.approx(math.exp(20.0))
+
+
+@pytest.mark.parametrize("mode,want", [("seq_tis", math.exp(-3.0)), ("seq_mis", math.exp(-3.0))])
+def test_sequence_ratio_bounds_the_sum_not_each_token(mode, want):
+    # one token at -25 among two at +11 (sum +22): the true product is e^(-25 + 22) = e^-3 = 0.0498. Clamping each
+    # token to -20 first gave e^(-20 + 22) = e^2, truncated to C = 2 (seq_tis) or rejected (seq_mis).
+    resp = torch.ones(1, 3, dtype=torch.bool)
+    x = CorrectionInputs(torch.tensor([[-25.0, 11.0, 11.0]]), torch.zeros(1, 3), resp,
+                         sequence_groups(torch.zeros(1, 3), resp))
+    corr = rollout_correction(mode)(x)
+    torch.testing.assert_close(corr.weights, torch.full((1, 3), want, dtype=torch.float32))
+    assert not bool(corr.rejected.any())
+    assert correction_stats(corr, x, sequence=True)["truncated_frac"] == 0.0
+
+
+def test_sequence_sum_is_bounded_after_summing():
+    # 3 tokens at +15 each: the sum +45 is bounded at +20 (not each token at 15 < 20 and the sum left alone)
+    resp = torch.ones(1, 3, dtype=torch.bool)
+    x = CorrectionInputs(torch.full((1, 3), 15.0), torch.zeros(1, 3), resp, torch.zeros(1, 3, dtype=torch.long))
+    assert torch.allclose(x.sequence_ratio(), torch.full((1, 3), math.exp(20.0), dtype=torch.float64))
+    # an infinite token log-ratio (trainer log-prob -inf) collapses its sequence to the lower bound, finite
+    x = CorrectionInputs(torch.tensor([[-math.inf, 0.0, 0.0]]), torch.full((1, 3), -1.0), resp,
+                         torch.zeros(1, 3, dtype=torch.long))
+    assert torch.allclose(x.sequence_ratio(), torch.full((1, 3), math.exp(-20.0), dtype=torch.float64))
+
+
+def test_geometric_ratio_survives_a_long_sequence():
+    # 128k tokens, each log-ratio -0.001: the product e^-131.072 saturates at the bound e^-20 (a weight of 2e-9 that
+    # says nothing about the policy), the geometric mean is e^-0.001 per token
+    n = 131_072
+    resp = torch.ones(1, n, dtype=torch.bool)
+    groups = sequence_groups(torch.zeros(1, n), resp)
+    x = CorrectionInputs(torch.full((1, n), -0.001), torch.zeros(1, n), resp, groups)
+    assert rollout_correction("seq_tis")(x).weights[0, 0].item() == pytest.approx(math.exp(-20.0))
+    w = rollout_correction("geo_tis")(x).weights
+    assert torch.allclose(w, torch.full((1, n), math.exp(-0.001)), rtol=1e-6)
+    assert not bool(rollout_correction("geo_mis")(x).rejected.any())
+
+
+def test_geometric_modes_truncate_and_reject_by_hand():
+    # row 0: log-ratios [ln 9, ln 1, 0 pad] over 2 tokens -> rho_g = 9^(1/2) = 3 > C = 2: geo_tis w = 2 (truncated),
+    # geo_mis rejects row 0. Row 1: [ln(1/16), ln 1] -> rho_g = 1/4 < 1/C = 1/2: geo_tis keeps 1/4, geo_mis rejects.
+    # Row 2: [ln 2, ln(1/2)] -> 1: kept by both. Padding (row 0's last position) stays 0 / not rejected.
+    resp = torch.tensor([[T, T, F], [T, T, F], [T, T, F]])
+    old = torch.tensor([[math.log(9.0), 0.0, 5.0], [math.log(1 / 16), 0.0, 0.0], [math.log(2.0), math.log(0.5), 0.0]])
+    x = CorrectionInputs(old, torch.zeros(3, 3), resp, sequence_groups(torch.zeros(3, 3), resp), threshold=2.0)
+    tis = rollout_correction("geo_tis")(x)
+    torch.testing.assert_close(tis.weights, torch.tensor([[2.0, 2.0, 0.0], [0.25, 0.25, 0.0], [1.0, 1.0, 0.0]]))
+    assert not bool(tis.rejected.any())
+    assert correction_stats(tis, x, ratio_kind="geometric")["truncated_frac"] == pytest.approx(2 / 6)
+    mis = rollout_correction("geo_mis")(x)
+    assert mis.rejected.tolist() == [[T, T, F], [T, T, F], [F, F, F]]
+    torch.testing.assert_close(mis.weights, torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 0.0]]))
+    assert correction_stats(mis, x, ratio_kind="geometric")["rejected_frac"] == pytest.approx(4 / 6)
 
 
 def test_group_sum_and_sequence_groups():

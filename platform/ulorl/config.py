@@ -240,16 +240,19 @@ class RolloutCorrectionConfig(_Section):
     surrogate: 'token_tis' min(rho, threshold) (truncated IS, Yao et al.; verl token_is); 'token_mis' rho, tokens
     with rho > threshold rejected (masked IS, TRL token_mask); 'seq_tis' / 'seq_mis' the same with rho the product
     over a sequence (seq_scope: the whole response, each segment with its own behaviour log-probs, or one
-    segment); 'icepop' rho, tokens outside [icepop_low, icepop_high] rejected (Ring-1T, arXiv 2510.18855).
+    segment); 'geo_tis' / 'geo_mis' the same with the product's geometric mean (length-normalised, stays near 1
+    at 128k tokens; geo_mis rejects outside [1 / threshold, threshold]); 'icepop' rho, tokens outside
+    [icepop_low, icepop_high] rejected (Ring-1T, arXiv 2510.18855).
     Rejected tokens leave the loss and stay in its denominator. The mismatch itself (mismatch/* metrics) is
     measured every step whatever the mode (measure: false skips it)."""
 
     mode: str = Field(
-        "off", description="rollout correction: 'off', 'token_tis', 'token_mis', 'seq_tis', 'seq_mis' or 'icepop'",
+        "off", description="rollout correction: 'off', 'token_tis', 'token_mis', 'seq_tis', 'seq_mis', 'geo_tis', "
+        "'geo_mis' (the sequence's geometric-mean ratio, GSPO-style) or 'icepop'",
         json_schema_extra={"choices": list(ROLLOUT_CORRECTIONS)})
     threshold: float = Field(
-        2.0, ge=1.0, description="C of token_tis / token_mis / seq_tis / seq_mis (verl's rollout_is_threshold "
-        "default 2.0; TRL documents C = 2 for TIS and MIS)")
+        2.0, ge=1.0, description="C of token_tis / token_mis / seq_tis / seq_mis / geo_tis / geo_mis (verl's "
+        "rollout_is_threshold default 2.0; TRL documents C = 2 for TIS and MIS)")
     icepop_low: float = Field(0.5, ge=0.0, lt=1.0, description="icepop: alpha, tokens whose ratio is below it are "
                               "rejected (0.5 as prime-rl's first IcePop loss; open-instruct uses 1 / beta)")
     icepop_high: float = Field(5.0, gt=1.0, description="icepop: beta, tokens whose ratio is above it are rejected "

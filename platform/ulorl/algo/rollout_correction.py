@@ -11,6 +11,12 @@ version v_k)::
                                      SAIS: the trainer at v_k)
     rho_t  = exp(old_t - mu_t)       the correction ratio, bounded to exp([-20, 20]) (verl's safety bound)
 
+A sequence ratio bounds the sum of its tokens' log-ratios, not each token's: a token at -25 among others
+summing to +22 gives rho_s = e^-3, not e^(-20 + 22) (per-token clamping would turn a collapsing ratio into
+a large one). The geometric-mean ratio (GSPO's length normalisation, Zheng et al. 2025, arXiv 2507.18071)
+divides the summed log-ratio by the sequence's token count, so it stays near 1 at any length where the
+per-token gap is small, while the raw product at 128k tokens saturates at e^+-20 whatever the policy did.
+
 A correction mode turns rho into a per-token weight ``w`` that multiplies each token's clipped
 surrogate, and a set of rejected tokens that leave the loss (their weight is 0; they stay in the
 Eq. 10 denominator, as MPT-masked tokens do)::
@@ -20,6 +26,9 @@ Eq. 10 denominator, as MPT-masked tokens do)::
     token_mis  w = rho_t, rejected where rho_t > C                 masked IS, token level
     seq_tis    w = min(rho_s, C),  rho_s = prod_{t in s} rho_t      sequence truncated IS
     seq_mis    w = rho_s, rejected (whole sequence) where rho_s > C sequence masked IS
+    geo_tis    w = min(rho_g, C),  rho_g = rho_s ** (1 / |s|)      geometric-mean (length-normalised) TIS
+    geo_mis    w = rho_g, rejected (whole sequence) where rho_g     geometric-mean masked IS, both sides
+               is outside [1 / C, C]                               (verl's default rejection band [1/C, C])
     icepop     w = rho_t, rejected where rho_t outside [alpha, beta] IcePop (Ring-1T, arXiv 2510.18855)
 
 A "sequence" s is the whole response (scope ``response``: the product runs over every segment, each
@@ -45,6 +54,9 @@ from torch import Tensor
 
 #: verl's safety bound on a log importance ratio (token, or summed over a sequence) before exp
 LOG_RATIO_BOUND = 20.0
+#: per-token bound applied before a sequence sum only to keep it finite (an inf token and a -inf token
+#: would sum to NaN); far outside any ratio the sum bound lets through, so it never changes a weight
+_FINITE_LOG_RATIO = 1e6
 #: ratio band whose outside ``mismatch_stats`` counts (``ratio_out_frac``)
 OUT_BAND = (0.5, 2.0)
 #: position buckets of the mismatch split: 8 equal spans of max_response_len (16k each at 128k)
@@ -86,20 +98,44 @@ class CorrectionInputs:
         if not 0 <= self.low < self.high:
             raise ValueError(f"need 0 <= low < high, got low={self.low}, high={self.high}")
 
-    def log_ratio(self) -> Tensor:
-        """Float[B, T]: old - engine on response tokens, bounded to [-20, 20]; 0 elsewhere."""
+    def raw_log_ratio(self) -> Tensor:
+        """Float64[B, T]: old - engine on response tokens, unbounded (finite); 0 elsewhere."""
         lr = (self.old_logprobs.detach().double() - self.engine_logprobs.detach().double())
-        lr = lr.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        lr = lr.nan_to_num(nan=0.0).clamp(-_FINITE_LOG_RATIO, _FINITE_LOG_RATIO)
         return torch.where(self.response_mask, lr, torch.zeros((), dtype=lr.dtype, device=lr.device))
 
+    def log_ratio(self) -> Tensor:
+        """Float64[B, T]: old - engine on response tokens, each bounded to [-20, 20]; 0 elsewhere."""
+        return self.raw_log_ratio().clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+
     def token_ratio(self) -> Tensor:
-        """Float[B, T]: rho_t on response tokens, 1 elsewhere."""
+        """Float64[B, T]: rho_t on response tokens, 1 elsewhere."""
         return self.log_ratio().exp()
 
     def sequence_ratio(self) -> Tensor:
-        """Float[B, T]: rho_s of each token's sequence (its summed log-ratio bounded to [-20, 20]), 1 elsewhere."""
-        total = group_sum(self.log_ratio(), self.sequence_ids, self.response_mask)
+        """Float64[B, T]: rho_s of each token's sequence, exp of its tokens' summed (unbounded) log-ratios with
+        the sum bounded to [-20, 20]; 1 elsewhere."""
+        total = group_sum(self.raw_log_ratio(), self.sequence_ids, self.response_mask)
         return total.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
+
+    def geometric_ratio(self) -> Tensor:
+        """Float64[B, T]: rho_g = rho_s ** (1 / |s|) of each token's sequence, exp of the mean (unbounded)
+        log-ratio over its response tokens, the mean bounded to [-20, 20]; 1 elsewhere."""
+        resp = self.response_mask
+        total = group_sum(self.raw_log_ratio(), self.sequence_ids, resp)
+        count = group_sum(resp.to(total.dtype), self.sequence_ids, resp)
+        mean = total / count.clamp(min=1.0)
+        return mean.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND).exp()
+
+    def ratio(self, kind: str) -> Tensor:
+        """Float64[B, T]: the ratio a mode reads, by ``kind`` (a value of ``MODE_RATIO``)."""
+        if kind == "token":
+            return self.token_ratio()
+        if kind == "sequence":
+            return self.sequence_ratio()
+        if kind == "geometric":
+            return self.geometric_ratio()
+        raise ValueError(f"ratio kind must be one of {RATIO_KINDS}, got {kind!r}")
 
 
 @dataclass(frozen=True)
@@ -182,6 +218,19 @@ def seq_mis(x: CorrectionInputs) -> Correction:
     return _result(rho, rho > x.threshold, x)
 
 
+def geo_tis(x: CorrectionInputs) -> Correction:
+    """Truncated IS per sequence on the geometric-mean ratio: every token of s gets w = min(rho_g, C)."""
+    return _result(x.geometric_ratio().clamp(max=x.threshold), torch.zeros_like(x.response_mask), x)
+
+
+def geo_mis(x: CorrectionInputs) -> Correction:
+    """Masked IS per sequence on the geometric-mean ratio: w = rho_g, every token of a sequence with rho_g
+    outside [1 / C, C] rejected (both sides: at the geometric mean a low ratio is a per-token gap, not a
+    long sequence)."""
+    rho = x.geometric_ratio()
+    return _result(rho, (rho > x.threshold) | (rho < 1.0 / x.threshold), x)
+
+
 def icepop(x: CorrectionInputs) -> Correction:
     """IcePop: w = rho_t inside [low, high], tokens outside it rejected (both sides)."""
     rho = x.token_ratio()
@@ -191,10 +240,15 @@ def icepop(x: CorrectionInputs) -> Correction:
 #: ``algo.rollout_correction.mode`` -> correction; the config's allowed values are these keys.
 ROLLOUT_CORRECTIONS: dict[str, CorrectionFn] = {
     "off": off, "token_tis": token_tis, "token_mis": token_mis, "seq_tis": seq_tis, "seq_mis": seq_mis,
-    "icepop": icepop,
+    "geo_tis": geo_tis, "geo_mis": geo_mis, "icepop": icepop,
 }
-#: the modes whose ratio is a product over a sequence (they read ``CorrectionInputs.sequence_ids``)
-SEQUENCE_MODES: frozenset[str] = frozenset({"seq_tis", "seq_mis"})
+RATIO_KINDS: tuple[str, ...] = ("token", "sequence", "geometric")
+#: the ratio each mode weighs by (``CorrectionInputs.ratio``): per token, the sequence's product, or its
+#: geometric mean
+MODE_RATIO: dict[str, str] = {"off": "token", "token_tis": "token", "token_mis": "token", "seq_tis": "sequence",
+                              "seq_mis": "sequence", "geo_tis": "geometric", "geo_mis": "geometric", "icepop": "token"}
+#: the modes whose ratio runs over a sequence (they read ``CorrectionInputs.sequence_ids``)
+SEQUENCE_MODES: frozenset[str] = frozenset(m for m, kind in MODE_RATIO.items() if kind != "token")
 
 
 def rollout_correction(name: str) -> CorrectionFn:
@@ -204,15 +258,16 @@ def rollout_correction(name: str) -> CorrectionFn:
     return ROLLOUT_CORRECTIONS[name]
 
 
-def correction_stats(c: Correction, x: CorrectionInputs, sequence: bool = False) -> dict[str, float]:
+def correction_stats(c: Correction, x: CorrectionInputs, sequence: bool = False,
+                     ratio_kind: str | None = None) -> dict[str, float]:
     """What a correction did, over the response tokens: ``rejected_frac`` (share of response tokens
     rejected), ``truncated_frac`` (share of response tokens kept with a weight below their ratio: a TIS
-    mode clipping at C; ``sequence``: the ratio is the sequence's) and the weight's mean / min / max over
-    the kept tokens."""
+    mode clipping at C; the ratio is ``ratio_kind``'s, a value of ``MODE_RATIO``, or with ``sequence`` the
+    sequence's product) and the weight's mean / min / max over the kept tokens."""
     resp = x.response_mask
     n = int(resp.sum())
     keep = resp & ~c.rejected
-    ratio = x.sequence_ratio() if sequence else x.token_ratio()
+    ratio = x.ratio(ratio_kind or ("sequence" if sequence else "token"))
     truncated = keep & (c.weights.double() < ratio * (1 - 1e-6))
     out = {"rejected_frac": float(c.rejected.sum()) / n if n else 0.0,
            "truncated_frac": float(truncated.sum()) / n if n else 0.0}
@@ -291,7 +346,7 @@ def mismatch_stats(trainer_logprobs: Tensor, engine_logprobs: Tensor, measured: 
     return out
 
 
-__all__ = ["LOG_RATIO_BOUND", "OUT_BAND", "POSITION_BUCKETS", "ROLLOUT_CORRECTIONS", "SEQUENCE_MODES", "SEQ_SCOPES",
-           "Correction", "CorrectionFn", "CorrectionInputs", "bucket_width", "correction_stats", "group_sum",
-           "icepop", "mismatch_stats", "off", "position_buckets", "rollout_correction", "seq_mis", "seq_tis",
-           "sequence_groups", "token_mis", "token_tis"]
+__all__ = ["LOG_RATIO_BOUND", "MODE_RATIO", "OUT_BAND", "POSITION_BUCKETS", "RATIO_KINDS", "ROLLOUT_CORRECTIONS",
+           "SEQUENCE_MODES", "SEQ_SCOPES", "Correction", "CorrectionFn", "CorrectionInputs", "bucket_width",
+           "correction_stats", "geo_mis", "geo_tis", "group_sum", "icepop", "mismatch_stats", "off", "position_buckets",
+           "rollout_correction", "seq_mis", "seq_tis", "sequence_groups", "token_mis", "token_tis"]

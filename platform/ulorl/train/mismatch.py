@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ulorl.algo.rollout_correction import (
-    SEQUENCE_MODES,
+    MODE_RATIO,
     CorrectionInputs,
     correction_stats,
     mismatch_stats,
@@ -157,7 +157,7 @@ def rollout_mismatch(sources: TokenSources, batch: TrainBatch, cur_lp: Tensor, o
                          sequence_groups(sources.segment_index, resp, cfg.seq_scope),
                          threshold=cfg.threshold, low=cfg.icepop_low, high=cfg.icepop_high)
     corr = rollout_correction(cfg.mode)(x)
-    stats = correction_stats(corr, x, sequence=cfg.mode in SEQUENCE_MODES)
+    stats = correction_stats(corr, x, ratio_kind=MODE_RATIO[cfg.mode])
     metrics.update({CORRECTION_PREFIX + k: v for k, v in stats.items()})
     return MismatchResult(metrics, corr.weights, corr.rejected)
 

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(config_to_yaml(cfg))
         print(describe_plan(cfg))
+        from ulorl.cli.preflight_text import describe_preflight
+
+        print(describe_preflight(cfg))
         return 0
     from ulorl.cli.checks import tracking_uri_problem, uri_source
     from ulorl.tracking import require_store_folder, resolve_tracking_uri

@@ -1,8 +1,8 @@
 """Atomic checkpoints: model, optimizer, RNG, step, pools, data position, DMMPT state.
 
 Layout: ``<output_dir>/checkpoints/step_000010/`` holds ``model/`` (save_pretrained), the backend's
-optimizer state, ``trainer_state.json``, ``rng.pt`` and ``manifest.json`` (the size of every other
-file). A checkpoint is built in a temporary sibling folder; every file and the folder are fsynced
+optimizer state, ``trainer_state.json``, ``rng.pt`` and ``manifest.json`` (the size and the sha256 of
+every other file). A checkpoint is built in a temporary sibling folder; every file and the folder are fsynced
 before it is renamed into place, and ``latest`` (a one-line file) is written the same way and
 renamed over the old pointer after that, so a crash or power loss mid-write never leaves a torn
 checkpoint as "latest". A write that fails removes its temporary folder (the previous checkpoint stays
@@ -10,15 +10,19 @@ the latest); a full disk raises :class:`CheckpointSpaceError`, naming the folder
 the free space.
 
 A resume checks the checkpoint first (:func:`check_checkpoint`: its state parses, every file has the
-size the manifest recorded): a damaged one raises :class:`CorruptCheckpointError` naming the file and
-the intact checkpoint before it; ``--resume RUN_DIR/checkpoints/step_N`` continues from that one
-(:func:`select_checkpoint` moves the newer ones aside to ``checkpoints/set_aside/``, kept, not loaded).
+size and the content hash the manifest recorded, so bytes changed in place are caught, not only a torn
+write): a damaged one raises :class:`CorruptCheckpointError` naming the file and the intact checkpoint
+before it (a manifest of an older ulorl has sizes only: it still loads, with a warning);
+``--resume RUN_DIR/checkpoints/step_N`` continues from that one (:func:`select_checkpoint` moves the
+newer ones aside to ``checkpoints/set_aside/``, kept, not loaded).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -29,6 +33,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+log = logging.getLogger(__name__)
+
 LATEST = "latest"
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
@@ -36,6 +42,7 @@ SET_ASIDE = "set_aside"   # newer checkpoints moved out of the way of a resume f
 # Below this much free space a failed write is put down to a full disk: torch's zip writer reports the
 # failed write as "unexpected pos" without the errno; after ENOSPC a file system has ~0 bytes left.
 LOW_SPACE_BYTES = 1 << 20
+HASH_CHUNK_BYTES = 1 << 20   # files are hashed in pieces: a multi-GB weights file never sits in memory whole
 
 
 class CheckpointSpaceError(RuntimeError):
@@ -100,6 +107,27 @@ def file_sizes(folder: Path) -> dict[str, int]:
             if p.is_file() and p.name != MANIFEST}
 
 
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of ``path``'s bytes, read :data:`HASH_CHUNK_BYTES` at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(HASH_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_hashes(folder: Path, names: list[str]) -> dict[str, str]:
+    """``{relative path: sha256}`` of ``names`` (paths relative to ``folder``)."""
+    return {rel: file_sha256(folder / rel) for rel in names}
+
+
+def build_manifest(folder: Path, step: int) -> dict[str, Any]:
+    """What ``manifest.json`` records of checkpoint ``folder``: the step, every other file's size
+    (``files``: a torn write, found without reading) and sha256 (``sha256``: bytes changed in place)."""
+    sizes = file_sizes(folder)
+    return {"step": step, "files": sizes, "sha256": file_hashes(folder, list(sizes))}
+
+
 def write_checkpoint(
     output_dir: str | os.PathLike,
     step: int,
@@ -127,7 +155,7 @@ def write_checkpoint(
         torch.save(capture_rng_state(), tmp / "rng.pt")
         with open(tmp / STATE_FILE, "w", encoding="utf-8") as f:
             json.dump(trainer_state, f)
-        (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": file_sizes(tmp)}), encoding="utf-8")
+        (tmp / MANIFEST).write_text(json.dumps(build_manifest(tmp, step)), encoding="utf-8")
         _fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
@@ -210,7 +238,9 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 def checkpoint_problem(ckpt: Path) -> Optional[str]:
     """What is wrong with checkpoint ``ckpt`` (None when it is intact): its state file missing, not
-    JSON or without a step; a file the manifest lists missing or of another size (a torn write)."""
+    JSON or without a step; a file the manifest lists missing, of another size (a torn write) or, when
+    the manifest has hashes, of other content (bytes changed in place: sizes first, so a torn write is
+    named without reading every file)."""
     state_file = ckpt / STATE_FILE
     if not state_file.is_file():
         return f"{state_file} is missing"
@@ -224,8 +254,12 @@ def checkpoint_problem(ckpt: Path) -> Optional[str]:
     if not manifest.is_file():   # written by an older ulorl: the state file is all there is to check
         return None
     try:
-        recorded = json.loads(manifest.read_text(encoding="utf-8"))["files"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        written = json.loads(manifest.read_text(encoding="utf-8"))
+        recorded = written["files"]
+        hashes = written.get("sha256", {})
+        if not isinstance(recorded, dict) or not isinstance(hashes, dict):
+            raise TypeError
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError):
         return f"{manifest} is not readable"
     for rel, size in recorded.items():
         f = ckpt / rel
@@ -233,7 +267,24 @@ def checkpoint_problem(ckpt: Path) -> Optional[str]:
             return f"{f} is missing"
         if f.stat().st_size != size:
             return f"{f} has {f.stat().st_size} bytes, {size} when it was written"
+    for rel, digest in hashes.items():
+        f = ckpt / rel
+        if not f.is_file():
+            return f"{f} is missing"
+        actual = file_sha256(f)
+        if actual != digest:
+            return (f"{f} does not hold the bytes written (sha256 {actual[:16]}..., {digest[:16]}... when it was "
+                    "written): changed on disk since, its size unchanged")
     return None
+
+
+def has_hashes(ckpt: Path) -> bool:
+    """True when ``ckpt``'s manifest records content hashes (False: an older ulorl wrote sizes only, or
+    there is no manifest)."""
+    try:
+        return bool(json.loads((ckpt / MANIFEST).read_text(encoding="utf-8")).get("sha256"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return False
 
 
 def intact_before(ckpt: Path) -> Optional[Path]:
@@ -256,6 +307,10 @@ def check_checkpoint(ckpt: Path) -> Path:
     problem = checkpoint_problem(ckpt)
     if problem:
         raise corrupt_checkpoint_error(ckpt, problem)
+    if not has_hashes(ckpt):
+        log.warning("checkpoint %s has no content hashes (written by an older ulorl): its files are checked for "
+                    "their size only, so bytes changed in place would go unnoticed; it loads as it is, and the next "
+                    "checkpoint this run writes records them", ckpt)
     return ckpt
 
 

@@ -37,6 +37,16 @@ def describe_preflight(cfg: ExperimentConfig) -> str:
     return "# preflight\n" + json.dumps(preflight_dict(cfg), indent=2)
 
 
+def preflight_line(cfg: ExperimentConfig) -> str:
+    """One line per sweep trial: whether it passes on its card and each failing check's fix."""
+    out = preflight_dict(cfg)
+    if "checks" not in out:
+        return f"preflight: {out['note']}"
+    failing = [f"{c['name']}: {c['fix']}" for c in out["checks"] if not c["ok"]]
+    verdict = "passes" if not failing else "FAILS (" + "; ".join(failing) + ")"
+    return f"preflight on {out['card_gib']:g} GiB: {verdict}"
+
+
 def profile_checks(path: str, gpu_memory_gib: float) -> list[Check]:
     cfg = load_experiment(path, [])
     return preflight(cfg, model_shape(cfg.model.name_or_path), gpu_memory_gib, trainer_peak_fn(cfg))

@@ -97,8 +97,14 @@ def main(argv: list[str] | None = None) -> int:
         for ref in spec.references:
             print(f"  + reference {ref.name} {json.dumps(ref.overrides)} (purpose {ref.purpose}) "
                   f"on {ref.seeds} seed offset(s)")
+        from ulorl.cli.preflight_text import preflight_line
+        from ulorl.config import apply_overrides
+
         for t in trials:
             print("  " + json.dumps(t, default=str))
+            trial_cfg = config_from_dict(apply_overrides(base, {**spec.overrides, **t.get("overrides", {})}),
+                                         str(base_path))
+            print("    " + preflight_line(trial_cfg))
         if config_from_dict(base).rollout.engine == "vllm" and not vllm_available():
             print("note: rollout.engine=vllm needs the 'gpu' extra (pip install 'ulorl[gpu]'); trials would fail here")
         if args.json:  # the lines above went to stderr

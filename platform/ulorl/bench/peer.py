@@ -416,6 +416,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as exc:
         print(f"ulorl-bench peer: error: {exc}", file=sys.stderr)
         return 2
+    from ulorl.cli.out_path import out_file_problem
+
+    problem = out_file_problem(args.out, "--out", "peer.json") if args.out else None
+    if problem:   # before the benchmark (minutes): its report must have a place to go
+        print(f"ulorl-bench peer: error: {problem}", file=sys.stderr)
+        return 2
     missing = _trl_missing() if cfg.trl else None
     if missing:
         print(f"ulorl-bench peer: error: {missing}", file=sys.stderr)

@@ -223,7 +223,8 @@ class TrlRunner:
         if tokenizer(text=[first.prompt_text])["input_ids"][0] != first.prompt_ids:
             raise RuntimeError("TRL tokenizes prompts with the tokenizer's special tokens and ulorl without them: "
                                "the two would not train on the same prompts")
-        dataset = Dataset.from_list([{"prompt": p.prompt_text, "answer": p.answer} for p in prompts])
+        dataset = Dataset.from_list([{"prompt": p.prompt_text, "answer": p.answer, "problem": p.meta.get("problem", "")}
+                                     for p in prompts])
         self.scorer = RewardScorer.from_config(self.exp.reward)
         acc: dict[str, Any] = {"samples": 0, "tokens": 0, "rewards": [], "train_padded_tokens": 0,
                                "train_real_tokens": 0}
@@ -232,10 +233,11 @@ class TrlRunner:
         eos_ids: list[int] = []
 
         def ulorl_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
-                         answer: list[str], **_: Any) -> list[Optional[float]]:
-            """ulorl's reward: math-verify against the answer, 0 when the completion has no end token."""
-            items = [(text, ref, not ids or ids[-1] not in eos_ids)
-                     for text, ids, ref in zip(completions, completion_ids, answer)]
+                         answer: list[str], problem: list[str], **_: Any) -> list[Optional[float]]:
+            """ulorl's reward: math-verify against the answer (with the problem text), 0 when the
+            completion has no end token."""
+            items = [(text, ref, not ids or ids[-1] not in eos_ids, prob)
+                     for text, ids, ref, prob in zip(completions, completion_ids, answer, problem)]
             rewards: list[Optional[float]] = list(self.scorer.score(items))
             acc["rewards"].extend(rewards)
             return rewards

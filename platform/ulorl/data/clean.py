@@ -454,7 +454,8 @@ def too_easy_filter(
     kept: list[Row] = []
     for row, resp in zip(rows, responses):
         report.checked["too_easy"] = report.checked.get("too_easy", 0) + 1
-        rewards = scorer.score([(text, str(row.data["answer"]), trunc) for text, trunc in resp])
+        problem = str(row.data["problem"])
+        rewards = scorer.score([(text, str(row.data["answer"]), trunc, problem) for text, trunc in resp])
         if rewards and all(r == 1.0 for r in rewards):
             report.drop(row, "too_easy", f"{model.name}: {k}/{k} right")
         else:
@@ -497,7 +498,7 @@ def consensus_filter(
         if not all(v is True for v in agree):
             kept.append(row)
             continue
-        (matches_ref,) = scorer.verify_many([(first, ref)])
+        (matches_ref,) = scorer.verify_many([(first, ref, str(row.data["problem"]))])
         if matches_ref is False and judge is not None and judge.judge(first, ref):
             matches_ref = True
         if matches_ref is False:

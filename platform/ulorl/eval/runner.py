@@ -35,10 +35,11 @@ PER_PROBLEM_FIELDS = ("problem_id", "answer", "k", "num_correct", "accuracy", "p
 
 
 class Scorer(Protocol):
-    """``ulorl.reward.scorer.RewardScorer`` or anything scoring ``(text, reference, truncated)``
-    (its ``extraction`` attribute and ``extract(text)``, when present, name and apply the mode)."""
+    """``ulorl.reward.scorer.RewardScorer`` or anything scoring ``(text, reference, truncated,
+    problem)`` items (its ``extraction`` attribute and ``extract(text, problem)``, when present, name
+    and apply the mode)."""
 
-    def score(self, items: list[tuple[str, str, bool]]) -> list[float]: ...
+    def score(self, items: list[tuple[str, str, bool, str]]) -> list[float]: ...
 
 
 def pass_ks(k: int) -> list[int]:
@@ -216,7 +217,7 @@ def evaluate(
     from ulorl.reward.extract import extract_answer
 
     extraction = str(getattr(scorer, "extraction", "boxed"))
-    extract = getattr(scorer, "extract", None) or (lambda text: extract_answer(text, extraction))
+    extract = getattr(scorer, "extract", None) or (lambda text, problem: extract_answer(text, extraction, problem))
     t0 = time.perf_counter()
     P = len(items)
     prompts = [prompt_ids_for(it, tokenizer) for it in items]
@@ -236,7 +237,7 @@ def evaluate(
         results = engine.generate(batch, sampling)
         if len(results) != len(batch):
             raise RuntimeError(f"engine returned {len(results)} results for {len(batch)} requests")
-        triples = []
+        scored: list[tuple[str, str, bool, str]] = []
         for req, res in zip(batch, results):
             if res.request_id != req.request_id:
                 raise RuntimeError(f"engine result order mismatch: request {req.request_id}, result {res.request_id}")
@@ -245,10 +246,11 @@ def evaluate(
             is_trunc = res.finish_reason == "length"
             lens[p, j] = len(res.token_ids)
             trunc[p, j] = int(is_trunc)
-            preds[p][j] = ("[truncated]" if is_trunc else (extract(text) or "")).replace("|", "/")[:80]
-            triples.append((text, items[p].answer, is_trunc))
+            problem = items[p].problem
+            preds[p][j] = ("[truncated]" if is_trunc else (extract(text, problem) or "")).replace("|", "/")[:80]
+            scored.append((text, items[p].answer, is_trunc, problem))  # the problem: option texts, sets, ...
             done_tokens += len(res.token_ids)
-        for req, r in zip(batch, scorer.score(triples)):
+        for req, r in zip(batch, scorer.score(scored)):
             p, j = divmod(req.request_id, k)
             correct[p, j] = int(r >= 1.0)
         if progress:

@@ -202,11 +202,12 @@ class RewardScorer:
 
     def score_samples(self, samples: list[Any], tokenizer: Any) -> list[float]:
         """Rewards for rollout ``Sample``s: response decoded from its token ids, scored against
-        ``sample.answer``; a truncated sample scores 0."""
+        ``sample.answer`` with the problem text the sample carries (``sample.problem``); a truncated
+        sample scores 0."""
         from ulorl.rollout.types import SampleStatus
 
         return self.score([(tokenizer.decode(s.response_ids, skip_special_tokens=True), s.answer,
-                            s.status is SampleStatus.TRUNCATED) for s in samples])
+                            s.status is SampleStatus.TRUNCATED, s.problem or None) for s in samples])
 
     def extract(self, text: str, problem: Optional[str] = None) -> Optional[str]:
         """The final answer of ``text`` under this scorer's extraction mode (None = no answer)."""

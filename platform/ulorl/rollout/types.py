@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Protocol, runtime_checkable
 
+PROBLEM_META_KEY = "problem"  # key of the raw problem text in a prompt's / sample's ``meta``
+
 
 class SampleStatus(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() / format() of a member
     DECODING = "decoding"        # in the unfinished pool, more segments to come
@@ -33,7 +35,8 @@ class Sample:
 
     ``response_ids``, ``sampling_logprobs`` and ``old_logprobs`` (SAIS: log-probs recomputed by the
     trainer at the version that generated each segment) all have one entry per response token.
-    ``group_id`` identifies the G responses of one prompt.
+    ``group_id`` identifies the G responses of one prompt. ``meta`` carries the prompt's id and its
+    raw problem text (``PROBLEM_META_KEY``; the reward reads it, see ``problem``).
     """
 
     sample_id: int
@@ -54,6 +57,13 @@ class Sample:
     @property
     def response_len(self) -> int:
         return len(self.response_ids)
+
+    @property
+    def problem(self) -> str:
+        """The raw problem text this sample answers ("" when the prompt did not carry it): the reward
+        uses it to map option letters to option texts, tell an ordered answer from a set and read a
+        closing sentence that names the asked quantity."""
+        return str(self.meta.get(PROBLEM_META_KEY) or "")
 
     @property
     def staleness(self) -> int:

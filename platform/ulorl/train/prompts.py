@@ -9,6 +9,7 @@ from ulorl.config import DataConfig
 from ulorl.data.profiles import parse_embedded
 from ulorl.data.types import PromptItem
 from ulorl.rollout.scheduler import PromptRequest
+from ulorl.rollout.types import PROBLEM_META_KEY
 
 
 def load_items(spec: str, data: DataConfig, split: str) -> list[PromptItem]:
@@ -27,7 +28,8 @@ def encode_prompt(item: PromptItem, tokenizer: Any) -> PromptRequest:
 
     text = build_prompt(item, tokenizer)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return PromptRequest(prompt_ids=list(ids), answer=item.answer, prompt_text=text, meta={"id": item.id})
+    return PromptRequest(prompt_ids=list(ids), answer=item.answer, prompt_text=text,
+                         meta={"id": item.id, PROBLEM_META_KEY: item.problem})  # the reward reads the problem
 
 
 class PromptStream:

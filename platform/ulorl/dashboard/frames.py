@@ -263,10 +263,12 @@ def rollout_stats(hist: pd.DataFrame, skip: Optional[dict[str, int]] = None) -> 
     segment count S: the steady window). Returns run_id, steps (in the window), first_step,
     median_step_s, total_s, finished, finished_per_s (= finished samples summed / step seconds summed)
     and trained_per_s (= train/samples summed / step seconds summed; NaN without train/samples); step
-    seconds leave out the held-out evaluation (``time/eval_s``). A run with no step in its window
-    has steps 0 and NaN values.
+    seconds leave out the held-out evaluation (``time/eval_s``); median_step_cpu_s, trained_per_cpu_s
+    (the same from ``time/step_cpu_s`` / ``time/eval_cpu_s``, NaN when not logged) and load (mean
+    ``sys/load1``). A run with no step in its window has steps 0 and NaN values.
     """
-    cols = ["run_id", "steps", "first_step", "median_step_s", "total_s", "finished", "finished_per_s", "trained_per_s"]
+    cols = ["run_id", "steps", "first_step", "median_step_s", "total_s", "finished", "finished_per_s", "trained_per_s",
+            "median_step_cpu_s", "trained_per_cpu_s", "load"]
     if hist.empty:
         return pd.DataFrame(columns=cols)
     rows = []
@@ -275,14 +277,16 @@ def rollout_stats(hist: pd.DataFrame, skip: Optional[dict[str, int]] = None) -> 
               for key, g in h.sort_values(["step", "timestamp"], kind="stable").groupby("metric")}
         st = speed.run_speed(by.get(speed.STEP_TIME, {}), (skip or {}).get(str(run_id), 0),
                              trained=by.get(speed.TRAINED), finished=by.get(speed.FINISHED),
-                             eval_s=by.get(speed.EVAL_TIME))
+                             eval_s=by.get(speed.EVAL_TIME), step_cpu_s=by.get(speed.STEP_CPU),
+                             eval_cpu_s=by.get(speed.EVAL_CPU), load=by.get(speed.LOAD))
         if st is None:
-            rows.append({"run_id": run_id, "steps": 0, "first_step": np.nan, "median_step_s": np.nan,
-                         "total_s": np.nan, "finished": np.nan, "finished_per_s": np.nan, "trained_per_s": np.nan})
+            rows.append({"run_id": run_id, "steps": 0, **{c: np.nan for c in cols[2:]}})
         else:
             rows.append({"run_id": run_id, "steps": st.steps, "first_step": st.first_step,
                          "median_step_s": st.median_step_s, "total_s": st.total_s, "finished": st.finished,
-                         "finished_per_s": st.finished_per_s, "trained_per_s": st.trained_per_s})
+                         "finished_per_s": st.finished_per_s, "trained_per_s": st.trained_per_s,
+                         "median_step_cpu_s": st.median_step_cpu_s, "trained_per_cpu_s": st.trained_per_cpu_s,
+                         "load": st.load})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -293,11 +297,14 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     give the median of their per-run values (:func:`ulorl.report.speed.median_of`, Table 1's rule).
     Returns batching, segments, runs, median_step_s, finished_per_s, trained_per_s,
     step_speedup (= median_step_s at S=1 / median_step_s), throughput_x (= finished_per_s /
-    finished_per_s at S=1), trained_x (= trained_per_s / trained_per_s at S=1); the relative
-    columns are NaN when the batching has no S = 1 run.
+    finished_per_s at S=1), trained_x (= trained_per_s / trained_per_s at S=1), median_step_cpu_s,
+    trained_per_cpu_s, load (medians of the per-run values), cpu_speedup (= median_step_cpu_s at S=1 /
+    median_step_cpu_s) and trained_cpu_x (= trained_per_cpu_s / that at S=1); the relative columns are
+    NaN when the batching has no S = 1 run (the CPU ones also when either side logged no CPU seconds).
     """
     cols = ["batching", "segments", "runs", "median_step_s", "finished_per_s", "trained_per_s", "step_speedup",
-            "throughput_x", "trained_x"]
+            "throughput_x", "trained_x", "median_step_cpu_s", "trained_per_cpu_s", "cpu_speedup", "trained_cpu_x",
+            "load"]
     if stats.empty:
         return pd.DataFrame(columns=cols)
     seg_col, bat_col = param_col("rollout.segments"), param_col("rollout.batching")
@@ -306,8 +313,9 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         "segments": pd.to_numeric(runs[seg_col], errors="coerce") if seg_col in runs else np.nan,
         "batching": runs[bat_col].fillna("(unset)") if bat_col in runs else "(unset)",
     })
-    if "trained_per_s" not in stats:
-        stats = stats.assign(trained_per_s=np.nan)
+    for c in ("trained_per_s", "median_step_cpu_s", "trained_per_cpu_s", "load"):
+        if c not in stats:
+            stats = stats.assign(**{c: np.nan})
     df = stats.merge(meta, on="run_id", how="inner").dropna(subset=["segments", "median_step_s"])
     if df.empty:
         return pd.DataFrame(columns=cols)
@@ -315,11 +323,15 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     agg = df.groupby(["batching", "segments"], sort=True).agg(
         runs=("run_id", "size"), median_step_s=("median_step_s", speed.median_of),
         finished_per_s=("finished_per_s", speed.median_of), trained_per_s=("trained_per_s", speed.median_of),
+        median_step_cpu_s=("median_step_cpu_s", speed.median_of),
+        trained_per_cpu_s=("trained_per_cpu_s", speed.median_of), load=("load", speed.median_of),
     ).reset_index()
     base = agg[agg["segments"] == 1].set_index("batching")
     agg["step_speedup"] = agg["batching"].map(base["median_step_s"]) / agg["median_step_s"]
     agg["throughput_x"] = agg["finished_per_s"] / agg["batching"].map(base["finished_per_s"])
     agg["trained_x"] = agg["trained_per_s"] / agg["batching"].map(base["trained_per_s"])
+    agg["cpu_speedup"] = agg["batching"].map(base["median_step_cpu_s"]) / agg["median_step_cpu_s"]
+    agg["trained_cpu_x"] = agg["trained_per_cpu_s"] / agg["batching"].map(base["trained_per_cpu_s"])
     return agg[cols]
 
 
@@ -335,7 +347,12 @@ def speedups(table: pd.DataFrame) -> list[speed.Speedup]:
             out.append(speed.Speedup(
                 segments=int(r["segments"]), batching=str(batching), runs=int(r["runs"]), reference_runs=int(b["runs"]),
                 step_s=float(r["median_step_s"]), reference_step_s=float(b["median_step_s"]),
-                trained_per_s=float(r["trained_per_s"]), reference_trained_per_s=float(b["trained_per_s"])))
+                trained_per_s=float(r["trained_per_s"]), reference_trained_per_s=float(b["trained_per_s"]),
+                cpu_step_s=float(r.get("median_step_cpu_s", np.nan)),
+                reference_cpu_step_s=float(b.get("median_step_cpu_s", np.nan)),
+                trained_per_cpu_s=float(r.get("trained_per_cpu_s", np.nan)),
+                reference_trained_per_cpu_s=float(b.get("trained_per_cpu_s", np.nan)),
+                load=float(r.get("load", np.nan)), reference_load=float(b.get("load", np.nan))))
     return out
 
 

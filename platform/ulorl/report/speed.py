@@ -10,6 +10,16 @@
   samples per second = samples summed / step time summed over the window.
 * **Across runs** of one (batching, S) cell (seeds, trials): the median of the per-run values; a
   speedup compares cells of the same batching, ``time(S=1) / time(S)`` and ``rate(S) / rate(S=1)``.
+* **Wall and CPU seconds.** On a shared machine the wall time of a step depends on what else ran at that
+  moment: an S = 4 trial under load 7 against an S = 1 reference on an idle machine compares moments, not
+  schedules. Each step therefore also logs the trainer process's CPU seconds (``time/step_cpu_s``, all its
+  threads; ``time/eval_cpu_s`` at evaluation steps, left out like ``time/eval_s``) and the 1-minute load
+  average at its end (``sys/load1``). A speedup is computed from both; the **shown** figure is the CPU
+  one when both sides logged CPU seconds (runs from before these metrics: the wall one), and every line
+  says which it shows and the mean load each side ran under.
+
+  CPU seconds leave out work outside the trainer process (reward worker processes, an engine in a Ray
+  actor): compare CPU figures only between runs whose engine ran in the same place.
 
 Pure functions over ``{step: value}`` maps; no MLflow here.
 """
@@ -22,9 +32,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Optional
 
+from ulorl.tracking import schema
+
 # Metrics the rule reads (every one optional except time/step_s).
 STEP_TIME, EVAL_TIME, TRAINED, FINISHED = "time/step_s", "time/eval_s", "train/samples", "rollout/finished"
-SPEED_METRICS: tuple[str, ...] = (STEP_TIME, EVAL_TIME, TRAINED, FINISHED)
+STEP_CPU, EVAL_CPU, LOAD = schema.STEP_CPU_METRIC, schema.EVAL_CPU_METRIC, schema.LOAD_METRIC
+SPEED_METRICS: tuple[str, ...] = (STEP_TIME, EVAL_TIME, TRAINED, FINISHED, STEP_CPU, EVAL_CPU, LOAD)
+SHOWN_TEXT = {"cpu": "CPU seconds of the trainer process (fair under changing load)",
+              "wall": "wall time (no CPU seconds logged: runs of different moments may differ in load)"}
 
 WINDOW_TEXT = "steady window: the steps after each run's first S, held-out evaluation time left out"
 # Why S > 1 can lose on a CPU, and where the other regime is shown (the sweep summary and the
@@ -52,16 +67,23 @@ class RunSpeed:
     finished: float
     trained_per_s: float
     finished_per_s: float
+    median_step_cpu_s: float = math.nan     # NaN: the run logged no time/step_cpu_s in its window
+    trained_per_cpu_s: float = math.nan     # trained samples per CPU second of the trainer process
+    load: float = math.nan                  # mean sys/load1 over the window
 
 
 def run_speed(step_s: Mapping[int, float], segments: int, trained: Optional[Mapping[int, float]] = None,
               finished: Optional[Mapping[int, float]] = None, eval_s: Optional[Mapping[int, float]] = None,
-              ) -> Optional[RunSpeed]:
+              step_cpu_s: Optional[Mapping[int, float]] = None, eval_cpu_s: Optional[Mapping[int, float]] = None,
+              load: Optional[Mapping[int, float]] = None) -> Optional[RunSpeed]:
     """Speed of one run over the steps after its first ``segments`` (0: every step).
 
     Args:
         step_s: step -> ``time/step_s``; trained / finished: step -> ``train/samples`` /
             ``rollout/finished``; eval_s: step -> ``time/eval_s`` (subtracted from that step's time).
+        step_cpu_s / eval_cpu_s: step -> ``time/step_cpu_s`` / ``time/eval_cpu_s`` (the same rule in CPU
+            seconds; NaN figures unless every window step logged ``time/step_cpu_s``).
+        load: step -> ``sys/load1`` (its mean over the window steps that logged it).
     Returns:
         None when no step falls in the window.
     """
@@ -79,9 +101,18 @@ def run_speed(step_s: Mapping[int, float], segments: int, trained: Optional[Mapp
         return n, (n / total if total > 0 else math.nan)
 
     fin, fin_rate = rate(finished)
-    _, trained_rate = rate(trained)
+    n_trained, trained_rate = rate(trained)
+    cpu_med, trained_cpu = math.nan, math.nan
+    if step_cpu_s and all(st in step_cpu_s for st in times):
+        ev_cpu = eval_cpu_s or {}
+        cpu = {st: max(0.0, step_cpu_s[st] - ev_cpu.get(st, 0.0)) for st in times}
+        cpu_med, cpu_total = statistics.median(cpu.values()), sum(cpu.values())
+        trained_cpu = n_trained / cpu_total if trained and cpu_total > 0 else math.nan
+    loads = [load[st] for st in times if load and st in load]
     return RunSpeed(steps=len(times), first_step=min(times), median_step_s=statistics.median(times.values()),
-                    total_s=total, finished=fin, trained_per_s=trained_rate, finished_per_s=fin_rate)
+                    total_s=total, finished=fin, trained_per_s=trained_rate, finished_per_s=fin_rate,
+                    median_step_cpu_s=cpu_med, trained_per_cpu_s=trained_cpu,
+                    load=sum(loads) / len(loads) if loads else math.nan)
 
 
 def median_of(values: Sequence[float]) -> float:
@@ -102,6 +133,12 @@ class Speedup:
     reference_step_s: float
     trained_per_s: float
     reference_trained_per_s: float
+    cpu_step_s: float = math.nan
+    reference_cpu_step_s: float = math.nan
+    trained_per_cpu_s: float = math.nan
+    reference_trained_per_cpu_s: float = math.nan
+    load: float = math.nan
+    reference_load: float = math.nan
 
     @property
     def step_speedup(self) -> float:
@@ -114,31 +151,81 @@ class Speedup:
         ok = self.reference_trained_per_s > 0 and math.isfinite(self.trained_per_s)
         return self.trained_per_s / self.reference_trained_per_s if ok else math.nan
 
+    @property
+    def cpu_step_speedup(self) -> float:
+        """CPU s/step at S = 1 over that at S (NaN when either side logged no CPU seconds)."""
+        return _ratio(self.reference_cpu_step_s, self.cpu_step_s)
+
+    @property
+    def cpu_throughput_x(self) -> float:
+        """Trained samples per CPU second at S over that at S = 1."""
+        return _ratio(self.trained_per_cpu_s, self.reference_trained_per_cpu_s)
+
+    @property
+    def shown(self) -> str:
+        """``"cpu"`` when both sides logged CPU seconds, else ``"wall"``: the figure lines lead with."""
+        return "cpu" if math.isfinite(self.cpu_step_speedup) else "wall"
+
+    @property
+    def shown_step_speedup(self) -> float:
+        return self.cpu_step_speedup if self.shown == "cpu" else self.step_speedup
+
+    @property
+    def shown_throughput_x(self) -> float:
+        return self.cpu_throughput_x if self.shown == "cpu" else self.throughput_x
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
+
 
 def speedup(reference: Sequence[RunSpeed], others: Sequence[RunSpeed], segments: int, batching: str) -> Speedup:
     """The cell ``others`` (S = ``segments``) against ``reference`` (S = 1), same batching."""
+    def med(runs: Sequence[RunSpeed], key: str) -> float:
+        return median_of([getattr(r, key) for r in runs])
+
     return Speedup(segments=segments, batching=batching, runs=len(others), reference_runs=len(reference),
-                   step_s=median_of([r.median_step_s for r in others]),
-                   reference_step_s=median_of([r.median_step_s for r in reference]),
-                   trained_per_s=median_of([r.trained_per_s for r in others]),
-                   reference_trained_per_s=median_of([r.trained_per_s for r in reference]))
+                   step_s=med(others, "median_step_s"), reference_step_s=med(reference, "median_step_s"),
+                   trained_per_s=med(others, "trained_per_s"), reference_trained_per_s=med(reference, "trained_per_s"),
+                   cpu_step_s=med(others, "median_step_cpu_s"),
+                   reference_cpu_step_s=med(reference, "median_step_cpu_s"),
+                   trained_per_cpu_s=med(others, "trained_per_cpu_s"),
+                   reference_trained_per_cpu_s=med(reference, "trained_per_cpu_s"),
+                   load=med(others, "load"), reference_load=med(reference, "load"))
+
+
+def _num(v: float, fmt: str) -> str:
+    return format(v, fmt) if math.isfinite(v) else "-"
+
+
+def load_text(sp: Speedup) -> str:
+    """``load 7.4 vs 1.1`` (mean 1-minute load average over each side's window; ``-`` where not logged)."""
+    return f"load {_num(sp.load, '.1f')} vs {_num(sp.reference_load, '.1f')}"
 
 
 def speedup_line(sp: Speedup) -> str:
-    """``speedup S=4 vs S=1 (compact batching, ...): time/step 0.81 s vs 0.58 s = 0.71x; ...``."""
-    def num(v: float, fmt: str) -> str:
-        return format(v, fmt) if math.isfinite(v) else "-"
-
-    trained = (f"; trained samples/s {num(sp.trained_per_s, '.1f')} vs {num(sp.reference_trained_per_s, '.1f')}"
-               f" = {num(sp.throughput_x, '.2f')}x") if math.isfinite(sp.throughput_x) else ""
-    return (f"speedup S={sp.segments} vs S=1 ({sp.batching} batching, {WINDOW_TEXT}): time/step "
-            f"{num(sp.step_s, '.3f')} s vs {num(sp.reference_step_s, '.3f')} s = {num(sp.step_speedup, '.2f')}x"
-            f"{trained} (median over {sp.runs} run(s) vs {sp.reference_runs})")
+    """``speedup S=4 vs S=1 (compact batching, ...), shown: CPU seconds ...: CPU s/step 1.62 vs 1.70 = 1.05x;
+    ...; wall time/step 0.81 s vs 0.58 s = 0.71x; ... under load 7.4 vs 1.1 (median over 3 run(s) vs 1)``.
+    The shown figure leads; the other one follows, with the load each side ran under."""
+    trained = (f"; trained samples/s {_num(sp.trained_per_s, '.1f')} vs {_num(sp.reference_trained_per_s, '.1f')}"
+               f" = {_num(sp.throughput_x, '.2f')}x") if math.isfinite(sp.throughput_x) else ""
+    wall = (f"wall time/step {_num(sp.step_s, '.3f')} s vs {_num(sp.reference_step_s, '.3f')} s = "
+            f"{_num(sp.step_speedup, '.2f')}x{trained}")
+    head = f"speedup S={sp.segments} vs S=1 ({sp.batching} batching, {WINDOW_TEXT}), shown: {SHOWN_TEXT[sp.shown]}: "
+    tail = f" under {load_text(sp)} (median over {sp.runs} run(s) vs {sp.reference_runs})"
+    if sp.shown == "wall":
+        return head + wall + tail
+    per_cpu = (f"; trained samples per CPU s {_num(sp.trained_per_cpu_s, '.2f')} vs "
+               f"{_num(sp.reference_trained_per_cpu_s, '.2f')} = {_num(sp.cpu_throughput_x, '.2f')}x"
+               ) if math.isfinite(sp.cpu_throughput_x) else ""
+    return (head + f"CPU s/step {_num(sp.cpu_step_s, '.3f')} vs {_num(sp.reference_cpu_step_s, '.3f')} = "
+            f"{_num(sp.cpu_step_speedup, '.2f')}x{per_cpu}; {wall}" + tail)
 
 
 def below_one_note(sp: Speedup) -> Optional[str]:
-    """One line saying why S lost to S = 1 and which command shows the other regime; None when it did not."""
-    ratios = [r for r in (sp.step_speedup, sp.throughput_x) if math.isfinite(r)]
+    """One line saying why S lost to S = 1 (in the shown figure) and which command shows the other regime;
+    None when it did not."""
+    ratios = [r for r in (sp.shown_step_speedup, sp.shown_throughput_x) if math.isfinite(r)]
     if not ratios or min(ratios) >= 1.0:
         return None
     why = BELOW_ONE_WHY if sp.batching == "compact" else "segment overheads outweigh the tail they save here"

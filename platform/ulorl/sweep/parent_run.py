@@ -5,6 +5,7 @@ marked when the scheduler prunes them or the sweep is stopped, and the summary i
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -92,6 +93,8 @@ class SweepParentRun:
         for sp in summary.get("speedup") or []:
             metrics[f"sweep/speedup_s{sp['segments']}_time_per_step"] = sp["step_speedup"]
             metrics[f"sweep/speedup_s{sp['segments']}_trained_per_s"] = sp["throughput_x"]
+            if sp.get("cpu_step_speedup") is not None and math.isfinite(sp["cpu_step_speedup"]):
+                metrics[f"sweep/speedup_s{sp['segments']}_cpu_per_step"] = sp["cpu_step_speedup"]
         logged = self.client.get_run(self.run_id).data.metrics
         tracker.add_metrics({k: v for k, v in metrics.items() if k not in logged}, step=0)
         tracker.end("FINISHED")

@@ -74,7 +74,8 @@ def run_speed_of(client: Any, trial: Trial) -> Optional[speed.RunSpeed]:
         pts = sorted(client.get_metric_history(trial.run_id, key), key=lambda m: (m.step, m.timestamp))
         hist[key] = {int(m.step): float(m.value) for m in pts}
     return speed.run_speed(hist[speed.STEP_TIME], segments, trained=hist[speed.TRAINED],
-                           finished=hist[speed.FINISHED], eval_s=hist[speed.EVAL_TIME])
+                           finished=hist[speed.FINISHED], eval_s=hist[speed.EVAL_TIME],
+                           step_cpu_s=hist[speed.STEP_CPU], eval_cpu_s=hist[speed.EVAL_CPU], load=hist[speed.LOAD])
 
 
 def trial_speedups(client: Any, trials: Sequence[Trial]) -> list[speed.Speedup]:
@@ -103,7 +104,11 @@ def speedup_record(sp: speed.Speedup) -> dict[str, Any]:
     return {"segments": sp.segments, "batching": sp.batching, "runs": sp.runs, "reference_runs": sp.reference_runs,
             "step_s": sp.step_s, "reference_step_s": sp.reference_step_s, "trained_per_s": sp.trained_per_s,
             "reference_trained_per_s": sp.reference_trained_per_s, "step_speedup": sp.step_speedup,
-            "throughput_x": sp.throughput_x, "line": speed.speedup_line(sp), "note": speed.below_one_note(sp)}
+            "throughput_x": sp.throughput_x, "cpu_step_s": sp.cpu_step_s,
+            "reference_cpu_step_s": sp.reference_cpu_step_s,
+            "cpu_step_speedup": sp.cpu_step_speedup, "cpu_throughput_x": sp.cpu_throughput_x, "load": sp.load,
+            "reference_load": sp.reference_load, "shown": sp.shown,
+            "line": speed.speedup_line(sp), "note": speed.below_one_note(sp)}
 
 
 def summarize(client: Any, parent_run_id: str, spec: Any, base: dict[str, Any], base_path: Path) -> dict[str, Any]:

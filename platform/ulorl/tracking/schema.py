@@ -80,6 +80,9 @@ COHORT_REWARD_METRIC = "rollout/cohort_reward_mean"
 COHORT_LEN_METRIC = "rollout/cohort_response_len_mean"
 POOL_METRICS: tuple[str, ...] = ("pool/unfinished", "pool/experience", "pool/staleness_max")
 TIME_METRICS: tuple[str, ...] = ("time/rollout_s", "time/train_s", "time/step_s", "time/wall_s")
+# The trainer process's CPU seconds (all threads) per step and per held-out evaluation, and the 1-minute
+# load average at the step's end: the speed figure fair under changing load (ulorl.report.speed).
+STEP_CPU_METRIC, EVAL_CPU_METRIC, LOAD_METRIC = "time/step_cpu_s", "time/eval_cpu_s", "sys/load1"
 SKIPPED_METRIC = "train/skipped"
 # Entropy-control comparators (algo.entropy_control): fraction of the step's response tokens the mode
 # acted on (clip_cov: loss zeroed; kl_cov: KL-penalised; high_entropy_minority: low-entropy tokens

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from ulorl.rollout.pools import RolloutPools
     from ulorl.train.update import UpdateResult
 
-__all__ = ["RUN_ID_FILE", "RunRecord", "rollout_metrics", "sample_record", "update_metrics"]
+__all__ = ["RUN_ID_FILE", "RunRecord", "load_metrics", "rollout_metrics", "sample_record", "update_metrics"]
 
 log = logging.getLogger("ulorl.train")
 
@@ -64,6 +65,12 @@ def rollout_metrics(res: RolloutStepResult, seconds: float, prompts_dropped_too_
         m["reward/judge_calls"] = float(reward_stats.get("judge_calls", 0))
         m["reward/judge_flips"] = float(reward_stats.get("judge_flips", 0))
     return m
+
+
+def load_metrics() -> dict[str, float]:
+    """``{"sys/load1": the 1-minute load average now}`` ({} where the OS has none): the load a step ran
+    under, read beside its wall and CPU seconds (``ulorl.report.speed``)."""
+    return {schema.LOAD_METRIC: os.getloadavg()[0]} if hasattr(os, "getloadavg") else {}
 
 
 def update_metrics(update: Optional[UpdateResult], step: int, min_ready_groups: int) -> dict[str, float]:

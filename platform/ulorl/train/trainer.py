@@ -34,7 +34,7 @@ from ulorl.rollout.pools import has_mixed_rewards
 from ulorl.rollout.scheduler import PromptRequest, RolloutStepResult, SegmentScheduler
 from ulorl.rollout.types import Engine, Sample, SamplingParams
 from ulorl.rollout.weight_sync import push_weights
-from ulorl.tracking import resolve_tracking_uri
+from ulorl.tracking import resolve_tracking_uri, schema
 from ulorl.train import checkpoint as ckpt_io
 from ulorl.train.backend import TorchBackend, TrainBackend
 from ulorl.train.deepspeed_backend import DeepSpeedBackend, is_partitioned
@@ -43,7 +43,7 @@ from ulorl.train.entropy_probe import probed_update
 from ulorl.train.fill import merge_round_metrics
 from ulorl.train.progress import TrainProgress
 from ulorl.train.prompts import PromptStream, load_items
-from ulorl.train.record import RunRecord, rollout_metrics, update_metrics
+from ulorl.train.record import RunRecord, load_metrics, rollout_metrics, update_metrics
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.update import (
@@ -423,9 +423,10 @@ class Trainer:
         e, max_steps = self.cfg.eval, self.cfg.train.max_steps
         metrics: dict[str, float] = {}
         if e.every and (self.step % e.every == 0 or self.step == max_steps):
-            t_e = time.perf_counter()
+            t_e, c_e = time.perf_counter(), time.process_time()
             self.last_eval = self._eval()
             metrics["time/eval_s"] = time.perf_counter() - t_e
+            metrics[schema.EVAL_CPU_METRIC] = time.process_time() - c_e
         metrics.update(self.last_eval)
         if e.final.k and self.step == max_steps:
             t_f = time.perf_counter()
@@ -441,13 +442,17 @@ class Trainer:
         self.step += 1
         if self.fail_at_step is not None and self.step == self.fail_at_step:
             raise RuntimeError(f"injected failure at step {self.step} (fail_at_step)")
-        t_step = time.perf_counter()
+        t_step, c_step = time.perf_counter(), time.process_time()
         res, metrics = self._rollout_released()
         released = [s for g in res.groups for s in g]
         update, trained = self._update(released)
         metrics.update(trained)
         metrics.update(self._eval_due())
         metrics["time/step_s"] = time.perf_counter() - t_step
+        # CPU seconds of this process (all its threads) and the load it ran under: a fair speed figure on a
+        # shared machine (ulorl.report.speed reads them)
+        metrics[schema.STEP_CPU_METRIC] = time.process_time() - c_step
+        metrics.update(load_metrics())
         self.wall_s = time.perf_counter() - self._t_start
         metrics["time/wall_s"] = self.wall_s
         metrics = self.record.step(self.step, metrics, released=released, update=update, pools=self.scheduler.pools,

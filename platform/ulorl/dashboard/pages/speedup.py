@@ -15,12 +15,30 @@ WINDOWS = {"steady": "steady state: each run's steps after its first S", "all": 
 
 
 def ratio_text(sp: speed.Speedup, window: str) -> str:
-    """``S = 4 vs S = 1 (compact batching, steady state ...): 0.71x time per step (0.812 s vs 0.577 s), ...``."""
-    trained = (f", **{sp.throughput_x:.2f}x** trained samples/s ({sp.trained_per_s:.1f} vs "
-               f"{sp.reference_trained_per_s:.1f})") if math.isfinite(sp.throughput_x) else ""
-    return (f"**S = {sp.segments} vs S = 1** ({sp.batching} batching, {WINDOWS[window]}): "
-            f"**{sp.step_speedup:.2f}x** time per step ({sp.step_s:.3f} s vs {sp.reference_step_s:.3f} s){trained}; "
+    """``S = 4 vs S = 1 (compact batching, steady state ...), shown: CPU seconds ...: 1.05x CPU s per step
+    (...); wall: 0.71x time per step (0.812 s vs 0.577 s), ... under load 7.4 vs 1.1; ...``. The shown
+    figure (:attr:`ulorl.report.speed.Speedup.shown`) is in bold; the other one follows with the loads."""
+    def fmt(v: float, f: str) -> str:
+        return format(v, f) if math.isfinite(v) else "-"
+
+    bold = sp.shown == "wall"
+    trained = (f", {_b(fmt(sp.throughput_x, '.2f') + 'x', bold)} trained samples/s ({fmt(sp.trained_per_s, '.1f')} vs "
+               f"{fmt(sp.reference_trained_per_s, '.1f')})") if math.isfinite(sp.throughput_x) else ""
+    wall = (f"{_b(fmt(sp.step_speedup, '.2f') + 'x', bold)} wall time per step ({fmt(sp.step_s, '.3f')} s vs "
+            f"{fmt(sp.reference_step_s, '.3f')} s){trained}")
+    cpu = ""
+    if sp.shown == "cpu":
+        per_cpu = (f", **{fmt(sp.cpu_throughput_x, '.2f')}x** trained samples per CPU second") \
+            if math.isfinite(sp.cpu_throughput_x) else ""
+        cpu = (f"**{fmt(sp.cpu_step_speedup, '.2f')}x** CPU seconds per step ({fmt(sp.cpu_step_s, '.3f')} s vs "
+               f"{fmt(sp.reference_cpu_step_s, '.3f')} s){per_cpu}; ")
+    return (f"**S = {sp.segments} vs S = 1** ({sp.batching} batching, {WINDOWS[window]}), shown: "
+            f"{speed.SHOWN_TEXT[sp.shown]}: {cpu}{wall}; under {speed.load_text(sp)} (mean 1-minute load average); "
             f"medians over {sp.runs} run(s) vs {sp.reference_runs}.")
+
+
+def _b(text: str, bold: bool) -> str:
+    return f"**{text}**" if bold else text
 
 
 def render() -> None:
@@ -51,6 +69,9 @@ def render() -> None:
     stats = frames.rollout_stats(hist, skip)
     short = stats[stats["steps"] == 0]
     stats = stats[stats["steps"] > 0]
+    st.caption("Shown figure: CPU seconds of the trainer process per step (`time/step_cpu_s`) when both sides "
+               "logged them, since wall times of runs at different moments of a shared machine differ with its "
+               "load; the wall figure follows with the mean load average (`sys/load1`) each side ran under.")
     st.caption(f"Window: {WINDOWS[window]}. Budget: per run, its own logged steps; throughput columns are "
                "per second of step time (finished = rollout/finished, trained = train/samples; held-out "
                "evaluation time left out), so runs of different length and S compare at equal time, not equal "
@@ -81,11 +102,18 @@ def render() -> None:
             "step_speedup": st.column_config.NumberColumn("step speedup (x)", format="%.2f"),
             "throughput_x": st.column_config.NumberColumn("finished/s (x)", format="%.2f"),
             "trained_x": st.column_config.NumberColumn("trained/s (x)", format="%.2f"),
+            "median_step_cpu_s": st.column_config.NumberColumn("median CPU s/step", format="%.3f"),
+            "trained_per_cpu_s": st.column_config.NumberColumn("trained per CPU s", format="%.2f"),
+            "cpu_speedup": st.column_config.NumberColumn("CPU-s speedup (x)", format="%.2f"),
+            "trained_cpu_x": st.column_config.NumberColumn("trained per CPU s (x)", format="%.2f"),
+            "load": st.column_config.NumberColumn("load (1-min avg)", format="%.1f"),
         })
         has_base = table["step_speedup"].notna().any()
-        st.altair_chart(charts.speedup_chart(table, "step_speedup" if has_base else "median_step_s",
-                                             "step speedup vs S=1 (x)" if has_base else "median s/step"),
-                        width="stretch", key="speedup_chart")
+        has_cpu = table["cpu_speedup"].notna().any()
+        ycol, ytitle = (("cpu_speedup", "CPU-s speedup vs S=1 (x), shown: CPU seconds") if has_cpu else
+                        ("step_speedup", "wall step speedup vs S=1 (x), shown: wall time") if has_base else
+                        ("median_step_s", "median wall s/step"))
+        st.altair_chart(charts.speedup_chart(table, ycol, ytitle), width="stretch", key="speedup_chart")
         rate = "trained_x" if table["trained_x"].notna().any() else "throughput_x"
         if table[rate].notna().any():
             what = "trained" if rate == "trained_x" else "finished"

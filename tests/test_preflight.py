@@ -4,6 +4,7 @@ profiles on the cards they name."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -167,5 +168,7 @@ def test_dry_run_prints_the_preflight():
     out = subprocess.run([sys.executable, "-m", "ulorl.cli.train", str(ROOT / "experiments/paper/qwen3_8b_128k.yaml"),
                           "--dry-run"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "# preflight" in out.stdout and '"on_80_gib"' in out.stdout
-    assert "train.sequence_parallel=2" in out.stdout
+    pre = json.loads(out.stdout.split("# preflight\n", 1)[1].split("# plan\n", 1)[0])
+    assert pre["passes"] and pre["card_gib"] == 141
+    assert pre["on_80_gib"] == ["trainer_memory: train.sequence_parallel=2 (peak 63.9 GiB)"]
+    json.loads(out.stdout.split("# plan\n", 1)[1])   # the plan stays the last section, JSON to the end

@@ -67,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         from ulorl.cli.plan import describe_plan
 
-        print(config_to_yaml(cfg))
-        print(describe_plan(cfg))
         from ulorl.cli.preflight_text import describe_preflight
 
-        print(describe_preflight(cfg))
+        print(config_to_yaml(cfg))
+        print(describe_preflight(cfg))   # before the plan: "# plan" stays the last section, JSON to the end
+        print(describe_plan(cfg))
         return 0
     from ulorl.cli.checks import tracking_uri_problem, uri_source
     from ulorl.tracking import require_store_folder, resolve_tracking_uri

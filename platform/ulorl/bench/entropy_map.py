@@ -202,6 +202,81 @@ def _run_trial(cfg: Any, workdir: Path, label: str, progress: bool) -> dict[str,
     return row
 
 
+class MapInputError(ValueError):
+    """A results file or a ``--summary`` flag the map cannot use; the message names it and the fix."""
+
+
+#: Keys every row the map appends holds (``main``), with their type; a row with probe ``bins`` holds
+#: ``ROW_PROBE_KEYS`` too.
+ROW_KEYS: dict[str, type] = {"label": str, "variant": str, "seed_offset": int, "entropy": dict, "cost": dict}
+ROW_PROBE_KEYS: dict[str, type] = {"share": dict, "classes": dict}
+
+
+def read_results(out: Path) -> list[dict[str, Any]]:
+    """The rows of the results JSONL ``out`` (``--out``) for ``--summary``; :class:`MapInputError` naming
+    the file (and line) when it is missing, empty, not UTF-8, not one JSON object per line, or holds a
+    line that is not an entropy-map row (another tool's results file)."""
+    made_by = "the file python -m ulorl.bench.entropy_map SPEC --out FILE appends to"
+    if out.is_dir():
+        raise MapInputError(f"--out {out} is a folder; give the results JSONL ({made_by})")
+    if not out.is_file():
+        raise MapInputError(f"--out {out} does not exist; give the results JSONL ({made_by}), or run the map first")
+    try:
+        text = out.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise MapInputError(f"--out {out} is not UTF-8 text (byte {exc.start}); give the results JSONL "
+                            f"({made_by})") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise MapInputError(f"--out {out} line {n} is not JSON ({exc.msg}, column {exc.colno}); the file "
+                                "holds one JSON object per line: remove or repair that line (a run cut short "
+                                "leaves at most its last line torn)") from None
+        need = {**ROW_KEYS, **(ROW_PROBE_KEYS if isinstance(row, dict) and "bins" in row else {})}
+        bad = (sorted(k for k, t in need.items() if not isinstance(row.get(k), t)) if isinstance(row, dict)
+               else sorted(need))
+        if bad:
+            raise MapInputError(f"--out {out} line {n} is not an entropy-map row (no {', '.join(bad)} of the right "
+                                f"type): is it another tool's results file? give {made_by}")
+        rows.append(row)
+    if not rows:
+        raise MapInputError(f"--out {out} holds no rows; run the map first (python -m ulorl.bench.entropy_map SPEC "
+                            f"--out {out}) or give the file it wrote")
+    return rows
+
+
+def parse_pair(text: str, rows: Sequence[dict[str, Any]]) -> tuple[str, str]:
+    """``--pair 'A,B'`` as two variant names the rows hold; :class:`MapInputError` otherwise."""
+    variants = sorted({r["variant"] for r in rows})
+    names = [x.strip() for x in text.split(",")]
+    if len(names) != 2 or not all(names):
+        raise MapInputError(f"--pair {text!r}: expected two variant names 'A,B' (A's final entropy minus B's); "
+                            f"the file's variants: {', '.join(variants)}")
+    unknown = [x for x in names if x not in variants]
+    if unknown:
+        raise MapInputError(f"--pair {text!r}: no row of variant {', '.join(map(repr, unknown))}; the file's "
+                            f"variants: {', '.join(variants)}")
+    return names[0], names[1]
+
+
+def plot_format_check(path: Path) -> None:
+    """:class:`MapInputError` when ``--plot``'s file extension names no image format matplotlib writes (no
+    extension: matplotlib would quietly write ``<path>.png``, not the file asked for)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    ext = path.suffix.lstrip(".").lower()
+    if ext not in formats:
+        why = "has no file extension" if not ext else f"ends in .{ext}, not an image format matplotlib writes"
+        raise MapInputError(f"--plot {path} {why}; give the image file with its extension, e.g. "
+                            f"{path.with_suffix('.png')} "
+                            "(or .pdf, .svg)")
+
+
 def _done(out: Path) -> set[str]:
     if not out.is_file():
         return set()
@@ -440,8 +515,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.summary:
-        rows = [json.loads(x) for x in out.read_text().splitlines() if x.strip()] if out.is_file() else []
-        pair = paired_final_entropy(rows, *args.pair.split(",", 1)) if args.pair else None
+        from ulorl.cli.out_path import out_file_problem
+
+        try:
+            rows = read_results(out)
+            pair = paired_final_entropy(rows, *parse_pair(args.pair, rows)) if args.pair else None
+            problem = out_file_problem(Path(args.plot), "--plot", "entropy_map.png") if args.plot else None
+            if problem:
+                raise MapInputError(problem)
+            if args.plot:
+                plot_format_check(Path(args.plot))
+        except MapInputError as exc:
+            print(f"entropy_map: {exc}", file=sys.stderr)
+            return 2
         if args.plot:
             plot_map(pool_by_variant(rows) if args.by_variant else rows, args.plot)
         if args.json:

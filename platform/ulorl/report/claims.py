@@ -82,9 +82,17 @@ from ulorl.eval.paired import (
     t_quantile,
     verdict,
 )
+from ulorl.report.preregistration import (
+    PREREG_RULE,
+    UNKNOWN,
+    preregistration_markdown,
+    preregistration_of,
+    repo_root,
+)
 from ulorl.report.store import RunInfo, RunSource
 from ulorl.report.tables import cumulative_samples, point_at_budget, sample_budget
 from ulorl.tracking import schema
+from ulorl.tracking.provenance import SPEC_TAG
 from ulorl.tracking.schema import ROLE_BASELINE, ROLE_RERUN, SEED_KEYS
 
 HELDOUT = schema.eval_metric("heldout", "avg_at_k")
@@ -429,6 +437,9 @@ class ClaimResult:
     per_seed: list[dict[str, Any]] = field(default_factory=list)
     run_ids: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    seed_offsets: list[int] = field(default_factory=list)  # of the runs in run_ids (their ulorl.seed_offset)
+    first_start: Optional[int] = None          # earliest start (ms since the epoch) of those runs; None: unknown
+    spec: str = ""                             # the spec file their runs name (ulorl.spec), "" when they name none
 
     @property
     def mde(self) -> Optional[float]:
@@ -687,6 +698,7 @@ def evaluate_claims(source: RunSource, claims: Sequence[Claim] = CLAIMS,
                 continue
             res = evaluate_group(source, claim, group, sweep + (f" ({parents})" if parents else ""))
             if res is not None:
+                attach_run_provenance(res, group)
                 found.append(res)
         if not found:
             found.append(_empty(claim, "", [f"produce the runs with: {claim.sweep}"]))
@@ -695,6 +707,17 @@ def evaluate_claims(source: RunSource, claims: Sequence[Claim] = CLAIMS,
                 res.notes.append(f"{len(skipped)} unfinished run(s) tagged {'/'.join(claim.paper_refs)} left out")
         out += found
     return drop_mirrored_rows(out)
+
+
+def attach_run_provenance(res: ClaimResult, runs: Sequence[RunInfo]) -> None:
+    """Set the row's ``seed_offsets``, ``first_start`` and ``spec`` from every run of its sweep group
+    (the search trials that picked a configuration too): what the pre-registration check needs
+    (``ulorl.report.preregistration``)."""
+    res.seed_offsets = sorted({schema.int_param(r.tags.get(schema.SEED_TAG)) or 0 for r in runs})
+    starts = [r.start_time for r in runs if r.start_time]
+    res.first_start = min(starts) if len(starts) == len(runs) and starts else None
+    specs = {r.tags.get(SPEC_TAG, "") for r in runs}
+    res.spec = specs.pop() if len(specs) == 1 else ""
 
 
 def mirror_of(r: ClaimResult, earlier: ClaimResult) -> Optional[int]:
@@ -1024,6 +1047,7 @@ def reading_markdown(results: Sequence[ClaimResult]) -> str:
 
 
 FINAL_COST_BEGIN, FINAL_COST_END = "<!-- claims-final-cost:begin -->", "<!-- claims-final-cost:end -->"
+PREREG_BEGIN, PREREG_END = "<!-- claims-preregistration:begin -->", "<!-- claims-preregistration:end -->"
 
 
 def final_cost_markdown(results: Sequence[ClaimResult]) -> str:
@@ -1074,7 +1098,8 @@ def update_docs(text: str, results: Sequence[ClaimResult]) -> str:
     the final evaluation's cost (:func:`final_cost_markdown`); a ValueError when it holds none."""
     blocks = ((DOCS_BEGIN, DOCS_END, docs_table), (SUMMARY_BEGIN, SUMMARY_END, summary_table),
               (READING_BEGIN, READING_END, reading_markdown),
-              (FINAL_COST_BEGIN, FINAL_COST_END, final_cost_markdown))
+              (FINAL_COST_BEGIN, FINAL_COST_END, final_cost_markdown),
+              (PREREG_BEGIN, PREREG_END, preregistration_markdown))
     present = [(b, e, make) for b, e, make in blocks if b in text]
     if not present:
         raise ValueError(f"no {DOCS_BEGIN} or {SUMMARY_BEGIN} block to replace")
@@ -1094,10 +1119,14 @@ def write_claims(source: RunSource, out_dir: str | Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     results = evaluate_claims(source)
     md, js = out / "claims.md", out / "claims.json"
-    md.write_text(claims_markdown(results))
+    md.write_text(claims_markdown(results) + "\n### Pre-registration\n\n" + PREREG_RULE + "\n\n"
+                  + preregistration_markdown(results))
     js.write_text(claims_json(results))
+    repo = repo_root()
+    prereg = {id(r): p.status for r in results if (p := preregistration_of(r, repo)) is not None}
     rows = [{"claim": r.claim, "sweep": r.sweep, "seeds": r.seeds, "effect": r.effect, "verdict": r.verdict,
-             "level": r.level, "mde": r.mde, "basis": r.basis} for r in results]
+             "level": r.level, "mde": r.mde, "basis": r.basis, "preregistered": prereg.get(id(r), UNKNOWN)}
+            for r in results]
     return {"files": [str(md), str(js)], "rows": rows, "results": results}
 
 

@@ -40,6 +40,17 @@ from decimal import Decimal
 from itertools import permutations
 from typing import Any, Optional
 
+from ulorl.reward.forms import (
+    asks_rounding,
+    asks_simplest,
+    asks_system,
+    expand_plus_minus,
+    names_ordered_values,
+    rationalize_decimals,
+    strip_condition,
+    unsimplified,
+    yes_no_lead,
+)
 from ulorl.reward.normalize import (
     has_percent,
     is_numeric_expression,
@@ -61,6 +72,8 @@ _INT = re.compile(r"^[+-]?\d+$")
 _WORDS = re.compile(r"^[A-Za-z]{2,}(?:[ -][A-Za-z]+)*$")
 # "(E) 9:30", "B. 45 cm", "(C) $6+\\pi$ m": an option letter followed by (a copy of) its text.
 _LETTER_LEAD = re.compile(r"^\(\s*([A-J])\s*\)\s*[.:]?\s*(.+)$|^([A-J])\s*[.:)]\s+(.+)$", re.S)
+# "\textbf{(B) } 23": an option letter set in a text command, before its option text
+_TEXT_LETTER = re.compile(r"^\\(?:textbf|text|mathrm|mathbf)\s*\{\s*(\(\s*[A-J]\s*\)|[A-J][.:)])\s*\}")
 _PAIR_WORDS = re.compile(r"\bordered pairs?\b|\bpoints?\b|\bcoordinates\b|\bvectors?\b", re.I)
 _REL = r"(<|>|\\leq?|\\geq?|\\le|\\ge|≤|≥)"
 _CHAIN = re.compile(rf"^(.+?)\s*{_REL}\s*([A-Za-z])\s*{_REL}\s*(.+)$")
@@ -145,7 +158,8 @@ def is_set_reference(reference: str, problem: Optional[str]) -> bool:
     if len(items) > 1 and (all(_TUPLE.match(x) for x in items) or all(_ASSIGNMENT.match(x) for x in items)):
         return True
     if problem:
-        return bool(_SET_WORDS.search(problem)) and not _ORDER_WORDS.search(problem)
+        return (bool(_SET_WORDS.search(problem)) and not _ORDER_WORDS.search(problem)
+                and not names_ordered_values(problem))  # "the values of T(10), T(11), T(12)": in order
     return False
 
 
@@ -279,7 +293,7 @@ def fast_verdict(pred: str, reference: str) -> Optional[bool]:
 
 def letter_lead(s: str) -> Optional[tuple[str, str]]:
     """``(E) 9:30`` -> ``("E", "9:30")``; None unless ``s`` is an option letter followed by text."""
-    m = _LETTER_LEAD.match(s.strip())
+    m = _LETTER_LEAD.match(_TEXT_LETTER.sub(r"\1 ", s.strip()).strip())
     if m is None:
         return None
     letter, text = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
@@ -375,6 +389,13 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
     quick = fast_verdict(p, r)
     if quick is True or (quick is False and not has_percent(reference) and not has_percent(pred)):
         return True if quick else False
+    if r.lower() in ("yes", "no") and (lead_word := yes_no_lead(p)) is not None:
+        return lead_word == r.lower()  # "Yes, it is possible" against "Yes"; "No, ..." against "Yes" is wrong
+    if problem and asks_simplest(problem) and unsimplified(p) and not unsimplified(r):
+        return False  # "\frac{2}{4}" where the problem asks for simplest form
+    condition = None
+    if depth == 0:
+        (p, _), (r, condition) = strip_condition(p), strip_condition(r)  # "x^c \text{ for some } c>0"
     if _WORDS.match(p) and _WORDS.match(r) and max(len(p), len(r)) > 3:
         # words are not products of symbols: KILIMANJARO is not an anagram of it; a lost space is no new word
         return re.sub(r"[\s-]", "", p).lower() == re.sub(r"[\s-]", "", r).lower()
@@ -387,6 +408,8 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
     options = parse_options(problem)
     lp, lr = option_letter(p), option_letter(r)
     lead = letter_lead(p) if lp is None and depth == 0 else None
+    if lead is not None and lr is not None and _TEXT_LETTER.match(p):
+        lead = None  # "\\text{(A)} 11 m" against a letter: left as before (graders disagree on it; see rewards.md)
     if lead is not None and (lr is not None or lead[0] in options):
         letter, text = lead
         if letter in options and not _consistent_option_text(text, options[letter]):
@@ -414,6 +437,9 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
         pm = plus_minus_items(pred_items, ref_items)
         if pm is not None:  # "\\pm 3" against "3, -3": both values, in any order
             return items_match(*pm, True, depth)
+        many_pm = (expand_plus_minus(pred_items) or pred_items, expand_plus_minus(ref_items) or ref_items)
+        if len(many_pm[0]) == len(many_pm[1]) > 1 and many_pm != (pred_items, ref_items):
+            return items_match(*many_pm, True, depth)  # "\\pm 1, \\pm 7" against "1, -1, 7, -7"
     if (len(ref_items) > 1) != (len(pred_items) > 1):  # (1, 2, 3) vs 1, 2, 3
         single, many = (ref_items, pred_items) if len(ref_items) == 1 else (pred_items, ref_items)
         inner = enclosed_items(single[0])
@@ -423,7 +449,7 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
             ref_items, pred_items = (inner, named) if single is ref_items else (named, inner)
             return items_match(pred_items, ref_items, False, depth)
         if inner is not None and len(inner) == len(many) and (
-                len(many) >= 3 or (problem is not None and _PAIR_WORDS.search(problem))):
+                len(many) >= 3 or (problem is not None and (_PAIR_WORDS.search(problem) or asks_system(problem)))):
             ref_items, pred_items = (inner, many) if single is ref_items else (many, inner)
             return items_match(pred_items, ref_items, False, depth)
     if len(ref_items) > 1 or len(pred_items) > 1:
@@ -442,6 +468,8 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
     if text_words(p) != text_words(r):
         return False  # "n \\text{ odd}" is not "n": words of a non-numeric answer must match
     fp, fr = function_rhs(p), function_rhs(r)
+    if fp is None and fr is not None and condition == "all" and "=" not in p:
+        return math_equal(p, fr[2])  # "f(x) = \\boxed{0}" against "f(x) = 0 \\text{ for all } x"
     if fp is not None and fr is not None:
         if fp[1] != fr[1] and rename_variable(fp[2], fr[1], "\0") != fp[2]:
             return False  # f(y) = 2x: the reference's variable is free in the prediction
@@ -450,7 +478,10 @@ def answers_match(pred: str, reference: str, problem: Optional[str] = None, dept
             return True
         renamed = rename_parameter(rhs, fr[2], fr[1], problem)  # f(x) = cx against f(x) = kx
         return renamed is not None and math_equal(renamed, fr[2])
-    return math_equal(p, r)
+    if math_equal(p, r):
+        return True
+    # "1.41" for "\\sqrt{2}" when the problem asks for a rounded value
+    return depth == 0 and asks_rounding(problem) and numeral_value(p) is not None and "." in p and rounded_equal(p, r)
 
 
 def items_match(pred_items: list[str], ref_items: list[str], as_set: bool, depth: int) -> bool:
@@ -551,15 +582,21 @@ def same_log(pred: str, reference: str) -> tuple[str, str]:
     return pred, reference
 
 
-def rounds_to(value: Any, reference: str) -> bool:
+def rounded_equal(pred: str, reference: str) -> bool:
+    """The exact constant ``reference`` rounded to the decimals of ``pred`` (at least one) is ``pred``."""
+    gold = parse_answer(reference)
+    return bool(gold) and rounds_to(gold[0], pred.strip(), min_decimals=1)
+
+
+def rounds_to(value: Any, reference: str, min_decimals: int = 2) -> bool:
     """An exact constant whose decimal expansion does not stop, rounded half-up to the decimals of
-    ``reference`` (at least two), is ``reference``: ``\\sqrt{2}`` -> ``1.41``, ``1/3`` -> ``0.33``."""
+    ``reference`` (at least ``min_decimals``), is ``reference``: ``\\sqrt{2}`` -> ``1.41``, ``1/3`` -> ``0.33``."""
     from decimal import ROUND_HALF_UP, Decimal
 
     import sympy
 
     m = _DECIMAL.match(reference.strip())
-    if m is None or len(m.group(1)) < 2 or not _is_exact_constant(value):
+    if m is None or len(m.group(1)) < min_decimals or not _is_exact_constant(value):
         return False
     try:
         if value.is_Rational:
@@ -639,4 +676,19 @@ def math_equal(pred: str, reference: str) -> bool:
         return exact
     if bool(verify(gold, target, timeout_seconds=None)):
         return floats_agree(gold[0], target[0])
-    return rounds_to(target[0], reference)
+    if rounds_to(target[0], reference):
+        return True
+    return exact_decimals_equal(pred, reference)
+
+
+def exact_decimals_equal(pred: str, reference: str) -> bool:
+    """``1.01^{100}`` = ``(1+\\frac{1}{100})^{100}``: with every decimal literal read as the exact
+    fraction it is, the two sides are equal exact constants (math-verify's float arithmetic misses
+    such powers). Only ever accepts; a plain numeral is left to the numeral rules."""
+    if numeral_value(pred) is not None or numeral_value(reference) is not None:
+        return False
+    rp, rr = rationalize_decimals(pred), rationalize_decimals(reference)
+    if rp is None and rr is None:
+        return False
+    gold, target = parse_answer(rr or reference), parse_answer(rp or pred)
+    return bool(gold and target) and exact_equal(gold[0], target[0]) is True

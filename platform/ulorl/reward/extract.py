@@ -93,7 +93,7 @@ _BOX_GAP = re.compile(r"^(?:\s|[,;$.]|\\quad|\\qquad|\\[,;!]|\\[\[\]()]"
                       r"|\\text\s*\{\s*(?:and|or|,)?\s*\}|\band\b|\bor\b)*$")
 # ... or a separator and the label of the next box: "max \boxed{3}, min \boxed{1}", "x = \boxed{3}, y = \boxed{4}".
 _LABEL_GAP = re.compile(r"^[\s$]*(?:[,;][\s$]*(?:and\s+)?|,?\s*\band\s+)"
-                        r"(?P<label>\\text\s*\{[^{}]{1,24}\}|\\[A-Za-z]+|[A-Za-z]+(?: [A-Za-z]+){0,2}"
+                        r"(?P<label>\\text\s*\{[^{}]{1,24}\}|\\[A-Za-z]+|[A-Za-z]+(?: [A-Za-z]+){0,5}"
                         r"(?:_\{?[A-Za-z0-9]+\}?)?)\s*(?:[:=]|\bis\b)?[\s$]*(?:\\[(\[])?\s*$")
 # Words that make the next box a correction, a new step or a restatement ("which is answer choice
 # \boxed{(B)}"), not a labelled part of one answer.
@@ -202,7 +202,7 @@ def extract_final_statement(text: str, problem: Optional[str] = None) -> Optiona
     for m in reversed(marks):
         value = _statement_value(text[m.end():])
         if value:
-            return value
+            return _sentence_value(value)
     s = text.strip()
     if s:
         span = _math_span(s)
@@ -215,19 +215,56 @@ def extract_final_statement(text: str, problem: Optional[str] = None) -> Optiona
         lm = _LONE_LETTER.match(last)
         if lm:
             return lm.group(1)
-        return bold_closing_value(s) or closing_display(s) or closing_statement(s, problem)
+        return (conclusion_value(s, problem) or bold_closing_value(s) or closing_display(s, problem)
+                or closing_statement(s, problem))
     return None
+
+
+def _sentence_value(value: str) -> str:
+    """The value a whole sentence after "Final Answer:" states ("The area of the square is 25" ->
+    ``25``); other values unchanged."""
+    if len(value.split()) < 4:
+        return value
+    m = _CLOSING.match(f"So {value.rstrip('.')}.")
+    if m is None or re.fullmatch(r"\(?[A-J]\)?", m.group("value")):
+        return value
+    items = re.findall(_ITEM, m.group("value"))
+    units = m.group("unit").split()
+    if len(items) != 1 or any(w.lower().rstrip(".") in _NOT_UNIT for w in units):
+        return value
+    return (_equation_value(_unwrap_math(m.group("value"))) + (" " + " ".join(units) if units else "")).strip()
+
+
+_CONCLUSION = re.compile(r"(?:^|\n)[ \t#]*(?:\*\*)?conclusion(?:\*\*)?\s*:?\s*(?:\*\*)?\s*:?\s*(?P<rest>[^\n]+)\s*$",
+                         re.IGNORECASE)
+
+
+def conclusion_value(text: str, problem: Optional[str]) -> Optional[str]:
+    """The answer on a closing "Conclusion:" line: a lone value (``**Conclusion:** 25``) or a
+    sentence read as a closing sentence with its conclusion word (``Conclusion: the area of the
+    square is 25.``); None when the response does not end so."""
+    m = _CONCLUSION.search(text.rstrip())
+    if m is None:
+        return None
+    rest = m.group("rest").strip()
+    span = _math_span(rest)
+    if span is not None and len(span) + 4 >= len(rest.rstrip(".")) - 2:
+        return span or None
+    if re.fullmatch(r"(?:\\\$\s?)?[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?\s*\.?", rest):
+        return rest.rstrip(".").strip()
+    return _closing_value("Therefore, " + rest[0].lower() + rest[1:], text, problem) if rest.endswith(".") else None
 
 
 _CUE = r"(?:therefore|thus|hence|so|in conclusion|in total|in all|altogether|consequently|finally|overall)"
 _VERB = (r"(?:is|are|was|were|equals|=|must be|will be|would be|should be|has|have|had|gets?|needs?|takes?|"
-         r"makes?|weighs?|costs?|measures?|comes? to)")
-_ITEM = r"(?:\$[^$]{1,80}\$|\\\((?:(?!\\\)).){1,80}\\\)|[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?!?)"
+         r"makes?|weighs?|costs?|measures?|comes? to|becomes?|remains?|totals?|amounts? to)")
+# a value: a math span, or a number (a currency sign before it allowed: "costs \$25")
+_ITEM = r"(?:\$[^$]{1,80}\$|\\\((?:(?!\\\)).){1,80}\\\)|(?:\\\$\s?)?[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?!?)"
 # one value, or several ("3 and 5", "$1$, $2$, and $4$"), or an option letter
 _VALUE = (rf"(?P<value>{_ITEM}(?:(?:\s*,\s*(?:and\s+)?|\s+and\s+){_ITEM}){{0,7}}|\([A-J]\)"
           r"|(?<![\w.])[A-J](?=\s*[.!]$))")
 _CLOSING = re.compile(
-    rf"^(?:\*\*)?(?:(?P<cue>{_CUE})\b\s*,?\s*)?(?P<subject>[^.!?$=]{{3,160}}?)\s+{_VERB}\s+"
+    rf"^(?:\*\*)?(?:(?P<cue>{_CUE})\b\s*,?\s*)?(?P<subject>(?:[^.!?$=]|\$[^$=]{{1,40}}\$){{3,160}}?)\s+{_VERB}\s+"
     r"(?:equal to\s+|exactly\s+|approximately\s+|about\s+|a total of\s+|only\s+|option\s+|choice\s+)?"
     rf"{_VALUE}(?P<unit>(?:\s+[A-Za-z][A-Za-z-]*\.?){{0,3}})\s*(?:\*\*)?\s*(?:\.|(?<![\d}}])!)$",
     re.IGNORECASE,
@@ -278,27 +315,94 @@ def closing_statement(text: str, problem: Optional[str]) -> Optional[str]:
     asks for "the length of the side"; "The pattern that cannot be folded is (D)." -> ``(D)``. The
     last sentence must end the text with a full stop, open with a conclusion word (an option letter
     in brackets needs none), name the asked quantity (the first content word of its subject is a
-    content word of the problem's question) and end with the value and at most three unit words.
-    Equations ("So x = 5.") and statements about other quantities give None, as does any text that
-    does not end in a full stop -- a response cut mid-derivation.
+    content word of the problem's question; a generic head -- "the value of $x$", "the number of
+    ways" -- passes on to what follows it) and end with the value and at most three unit words ("in
+    total" and the like may close it). Also read: "Thus, there are 12 ways to ..." (the noun after
+    the value is the asked quantity), "Therefore, $x = 5$." (the left side is a math span of the
+    problem), and a closing sentence followed by at most two sentences of commentary without a
+    number or formula. Equations about other quantities and statements about other quantities give
+    None, as does any text that does not end in a full stop -- a response cut mid-derivation.
     """
     t = text.rstrip()
     if not t or t[-1] not in ".!":
         return None
     tail = t[-_MAX_CLOSING_TAIL:].split("\n")[-1]
-    cuts = [m.end() for m in re.finditer(r"[.!?](?:\*\*)?\s+(?=[A-Z*(\\$])", tail[:-1])]
-    sentence = tail[cuts[-1]:] if cuts else tail
+    masked = _mask_math(tail)
+    cuts = [m.end() for m in _SENTENCE_CUT.finditer(masked[:-1])]
     if cuts == [] and len(tail) == _MAX_CLOSING_TAIL:
         return None  # no sentence start in reach
-    m = _CLOSING.match(sentence.strip())
+    sentences = [tail[a:b].strip() for a, b in zip([0, *cuts], [*cuts, len(tail)])]
+    for drop in range(min(_MAX_COMMENTARY, len(sentences) - 1) + 1):
+        if drop and _NOT_COMMENTARY.search(sentences[-drop]):
+            return None  # a later sentence holds a number or a formula: not a closing sentence
+        value = _closing_value(sentences[-1 - drop], text, problem)
+        if value is not None:
+            return value
+    return None
+
+
+# a sentence ends at ". " / "! " / "? " before a capital, a bracket, a backslash or a dollar, or after a display
+_SENTENCE_CUT = re.compile(r"[.!?](?:\*\*)?\s+(?=[A-Z*(\\$])|\\\]\s*(?=[A-Z])")
+_MAX_COMMENTARY = 2
+_NOT_COMMENTARY = re.compile(r"[\d$=]|\\[(\[]")
+_TRAILING_PHRASE = re.compile(r",?\s+(?:in\s+total|in\s+all|altogether|overall|in\s+the\s+end)(?=\s*(?:\*\*)?\s*[.!]$)",
+                              re.IGNORECASE)
+_GENERIC_HEADS = frozenset("value solution number result".split())
+_THERE = re.compile(
+    rf"^(?:\*\*)?(?P<cue>{_CUE})\b\s*,?\s*there\s+(?:are|is|were|was|will\s+be)\s+"
+    r"(?:exactly\s+|a\s+total\s+of\s+|only\s+)?(?P<value>[-+]?\d[\d,]*|\$\d[\d,]*\$|\\\(\d[\d,]*\\\))\s+"
+    r"(?P<noun>[A-Za-z][^.!?$]{0,80}?)\s*(?:\*\*)?\s*\.$", re.IGNORECASE)
+_EQUATION = re.compile(
+    rf"^(?:\*\*)?(?P<cue>{_CUE})\b\s*,?\s*(?:we\s+(?:have|get|find)\s+(?:that\s+)?)?"
+    r"(?:\$(?P<a>[^$=]{1,30})=(?P<b>[^$=]{1,60})\$|\\\((?P<c>[^=]{1,30}?)=(?P<d>(?:(?!\\\)|=).){1,60})\\\))"
+    r"\s*(?:\*\*)?\s*\.$", re.IGNORECASE)
+
+
+def _mask_math(text: str) -> str:
+    """``text`` with the inside of each ``$...$`` / ``\\(...\\)`` span replaced by ``_`` (same length):
+    a "!" or "." in a formula ends no sentence."""
+    return re.sub(r"\$[^$]*\$|\\\((?:(?!\\\)).)*\\\)", lambda m: "_" * len(m.group(0)), text)
+
+
+def _names_the_asked(subject: str, text: str, problem: Optional[str]) -> bool:
+    """The subject of a closing sentence names what the problem asks for (its first content word,
+    past a generic head such as "value" / "number", is a content word of the problem's question, or
+    a math span of it is one of the problem's), or, without the problem, what the response set out to find."""
+    asked = _question_words(problem) if problem else goal_words(text)
+    words = _content_words(re.sub(r"\$[^$]*\$", " ", subject))
+    if words and words[0] in asked:
+        return True
+    if not words or words[0] not in _GENERIC_HEADS:
+        return False
+    if words[0] == "solution" and problem and re.search(r"\bsolve\b", problem, re.IGNORECASE):
+        return True  # "Solve ...": "the solution (of the equation) is 5"
+    if len(words) > 1 and words[1] in asked:
+        return True
+    spans = {re.sub(r"\s+", "", x) for x in re.findall(r"\$([^$]+)\$", subject)}
+    return bool(problem and spans and spans & {re.sub(r"\s+", "", x) for x in re.findall(r"\$([^$]+)\$", problem)})
+
+
+def _closing_value(sentence: str, text: str, problem: Optional[str]) -> Optional[str]:
+    """The value one closing sentence states (``closing_statement``), or None."""
+    sentence = _TRAILING_PHRASE.sub("", sentence.strip())
+    there = _THERE.match(sentence)
+    if there is not None:
+        noun = _content_words(there.group("noun"))
+        asked = _question_words(problem) if problem else goal_words(text)
+        return _unwrap_math(there.group("value")) if noun and noun[0] in asked else None
+    eq = _EQUATION.match(sentence)
+    if eq is not None:
+        lhs = re.sub(r"\s+", "", eq.group("a") or eq.group("c") or "")
+        spans = {re.sub(r"\s+", "", x) for x in re.findall(r"\$([^$]+)\$|\\\((.+?)\\\)", problem or "") for x in x if x}
+        return (eq.group("b") or eq.group("d") or "").strip() if problem and lhs in spans else None
+    m = _CLOSING.match(sentence)
     if m is None:
         return None
     value = m.group("value")
     letter = re.fullmatch(r"\(?([A-J])\)?", value)
     if m.group("cue") is None and not (letter and value.startswith("(")):
         return None
-    subject = _content_words(m.group("subject"))
-    if not subject or subject[0] not in (_question_words(problem) if problem else goal_words(text)):
+    if not _names_the_asked(m.group("subject"), text, problem):
         return None
     if letter:
         return letter.group(1)
@@ -308,7 +412,15 @@ def closing_statement(text: str, problem: Optional[str]) -> Optional[str]:
     items = re.findall(_ITEM, value)
     if len(items) > 1:  # several values: their list (no units)
         return None if units else ", ".join(_unwrap_math(x) for x in items)
-    return (_unwrap_math(value) + (" " + " ".join(units) if units else "")).strip()
+    return (_equation_value(_unwrap_math(value)) + (" " + " ".join(units) if units else "")).strip()
+
+
+def _equation_value(value: str) -> str:
+    """``5! = 120`` -> ``120``: a value written as a computation of numbers ends with its result."""
+    parts = value.split("=")
+    if len(parts) == 2 and parts[1].strip() and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", parts[0])):
+        return parts[1].strip()
+    return value
 
 
 def _unwrap_math(value: str) -> str:
@@ -317,7 +429,8 @@ def _unwrap_math(value: str) -> str:
 
 
 # M: "..., the total is **42**." -- a value in bold that ends the response's last sentence
-_BOLD_CLOSING = re.compile(r"(?:\bis|\bare|\bequals|\bbe|=|:)\s*\*\*(?P<value>[^*\n]{1,80})\*\*\s*\.?\s*$")
+_BOLD_CLOSING = re.compile(r"(?:\bis|\bare|\bequals|\bbe|=|:)\s*\*\*(?P<value>[^*\n]{1,80})\*\*"
+                           r"(?P<unit>(?:\s+[A-Za-z][A-Za-z-]*){0,3})\s*\.?\s*$")
 _BOLD_VALUE = re.compile(r"\$[^$]+\$|\\\(.+\\\)|[-+]?\d[\d,]*(?:\.\d+)?(?:/\d+)?|\([A-J]\)")
 
 
@@ -328,6 +441,10 @@ def bold_closing_value(text: str) -> Optional[str]:
     m = _BOLD_CLOSING.search(last)
     if m is None or not _BOLD_VALUE.fullmatch(m.group("value").strip()):
         return None
+    if any(w.lower() in _NOT_UNIT for w in m.group("unit").split()):
+        return None  # "**3** times the side": not a value and its unit
+    if m.group("unit").strip() and not last.rstrip().endswith("."):
+        return None  # words after the value: the sentence must be complete
     value = _unwrap_math(m.group("value"))
     letter = re.fullmatch(r"\(([A-J])\)", value)
     return letter.group(1) if letter else value or None
@@ -338,9 +455,11 @@ _DISPLAY_END = re.compile(r"(?:\$\$(?P<a>[^$]{1,120})\$\$|\\\[(?P<b>(?:(?!\\\]).
 _DISPLAY_LEAD = re.compile(rf"(?:^|[.!?]\s+|\n)(?:\*\*)?{_CUE}\b[^.!?$\n]{{0,80}}[:,]?\s*$", re.IGNORECASE)
 
 
-def closing_display(text: str) -> Optional[str]:
+def closing_display(text: str, problem: Optional[str] = None) -> Optional[str]:
     """The formula of a final display (``$$...$$`` / ``\\[...\\]``) that a conclusion word introduces
-    and nothing follows; one relation at most (``x = 5``), no derivation chain. Else None."""
+    and nothing follows; one relation at most (``x = 5``), no derivation chain. With the problem, a
+    lead that ends with ":" and names the asked quantity introduces it too ("We compute the sum:"),
+    and a computation of numbers gives its result (``1 + 2 + 3 = 6`` -> ``6``). Else None."""
     t = text.rstrip()
     m = _DISPLAY_END.search(t)
     if m is None:
@@ -350,7 +469,15 @@ def closing_display(text: str) -> Optional[str]:
                                                           formula)):
         return None
     lead = t[max(0, m.start() - 120):m.start()]
-    return formula if _DISPLAY_LEAD.search(lead) else None
+    if _DISPLAY_LEAD.search(lead):
+        return formula
+    colon = _COLON_LEAD.search(lead)
+    if problem and colon and set(_content_words(colon.group("lead"))) & _question_words(problem):
+        return _equation_value(formula)
+    return None
+
+
+_COLON_LEAD = re.compile(r"(?:^|[.!?]\s+|\n)(?P<lead>[^.!?$\n]{3,80}):\s*$")
 
 
 def extract_answer(text: str, mode: str = "boxed", problem: Optional[str] = None) -> Optional[str]:

@@ -30,7 +30,7 @@ _DEGREES = re.compile(r"\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|°|\\degr
 _PERCENT = re.compile(r"\s*(?:\\%|%|\\text\{\s*%\s*\}|\s+percent\b|\s+pct\b)\s*$")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|mbox|mathrm|mathbf|operatorname)\s*\{")
 # A trailing run of unit words ("cm", "square inches", "dollars", "m^2") after a number.
-_UNIT_WORDS = re.compile(r"\s*(?:[A-Za-z]+\.?(?:\^\{?\d\}?)?(?:\s+|$))+$")
+_UNIT_WORDS = re.compile(r"\s*(?:[A-Za-z]+(?:/[A-Za-z]+)?\.?(?:\^\{?\d\}?)?(?:\s+|$))+$")  # "km/h" too
 # Units that may be written glued to the number ("5cm", "3h"); any other letters glued to a number
 # are part of the answer ("2i", "2\\pi", "1/A", "2^k").
 _GLUED_UNITS = frozenset(
@@ -293,7 +293,21 @@ def _normalize(s: str) -> str:
     t = unwrap_whole_text(t)
     t = unwrap_text_number(t)
     t = scientific_to_latex(t)
-    return unwrap_text_symbols(strip_number_decorations(t))
+    t = _ONE_CHAR_SUBSCRIPT.sub(r"_{\1}", t)  # E_1 = E_{1} (math-verify reads them as two symbols)
+    return unwrap_text_symbols(strip_assignment_decorations(strip_number_decorations(t)))
+
+
+_ONE_CHAR_SUBSCRIPT = re.compile(r"(?<=[A-Za-z}])_([A-Za-z0-9])")
+_ASSIGNED = re.compile(r"^([A-Za-z](?:_\{?[A-Za-z0-9]+\}?)?\s*=\s*)(?!.*=)(.+)$")
+
+
+def strip_assignment_decorations(s: str) -> str:
+    """``x = 5 \\text{ cm}`` -> ``x = 5``: the decorations of the number a named value is set to."""
+    m = _ASSIGNED.match(s)
+    if m is None:
+        return s
+    value = strip_number_decorations(m.group(2))
+    return m.group(1) + value if value != m.group(2).strip() and is_numeric_expression(value) else s
 
 
 # "\text{ML}", "\mathrm{A}": points / segments (capitals) set in text; lower case may be a unit ("\mathrm{~m}")

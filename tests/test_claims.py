@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import pytest
 from mlflow.entities import Metric, Param
 from mlflow_store import StoreBase, migrated_empty_db, store_uri_from_template
@@ -50,8 +51,13 @@ def test_t_interval_hand_derived() -> None:
         C.t_interval([0.1])
 
 
+def _with_t(direction: int, intervals: list[tuple[float, float]], n: int, margin: float | None = None) -> str:
+    """A verdict whose first interval is the t-interval whenever there are enough seeds for one."""
+    return C.verdict(direction, intervals, n, margin, t_usable=n >= P.MIN_T_SEEDS)
+
+
 def test_directional_verdicts() -> None:
-    v = C.verdict
+    v = _with_t
     assert v(+1, [(0.01, 0.3)], 3) == C.HOLDS
     assert v(+1, [(-0.3, -0.01)], 3) == C.NOT_HOLD
     assert v(+1, [(-0.1, 0.2)], 3) == C.INCONCLUSIVE
@@ -63,7 +69,7 @@ def test_directional_verdicts() -> None:
 
 
 def test_equivalence_verdicts_are_two_one_sided_tests() -> None:
-    v = C.verdict
+    v = _with_t
     # inside +-margin: holds
     assert v(0, [(-0.02, 0.03)], 3, margin=0.05) == C.HOLDS
     assert v(0, [(-0.02, 0.03), (-0.049, 0.01)], 8, margin=0.05) == C.HOLDS
@@ -96,9 +102,20 @@ def test_two_identical_differences_never_make_a_t_interval() -> None:
 
 
 def test_minimum_detectable_effects_hand_derived() -> None:
-    # seeds: sd 0.1, n 3 -> (t_0.975,2 + t_0.8,2) * 0.1 / sqrt(3); at 90 %: t_0.95,2
-    assert P.mde_seeds([0.1, 0.2, 0.3]) == pytest.approx((T975_2 + T80_2) * 0.1 / math.sqrt(3), rel=1e-6)
-    assert P.mde_seeds([0.1, 0.2, 0.3], level=0.90) == pytest.approx((T95_2 + T80_2) * 0.1 / math.sqrt(3), rel=1e-6)
+    # seeds: sd 0.1, n 3. The exact MDE is the effect the t-test detects with power 0.80 (noncentral t); the
+    # normal-style (t_0.975,2 + t_0.8,2) * 0.1 / sqrt(3) is a few per cent below it at n = 3 and meets it as n grows
+    approx = (T975_2 + T80_2) * 0.1 / math.sqrt(3)
+    mde = P.mde_seeds([0.1, 0.2, 0.3])
+    assert mde is not None and P.power_seeds(mde, 0.1, 3) == pytest.approx(0.80, abs=1e-9)
+    assert approx < mde < 1.06 * approx
+    assert P.power_seeds(0.0, 0.1, 3) == pytest.approx(0.05, abs=1e-12)      # no effect: the test's own level
+    mde90 = P.mde_seeds([0.1, 0.2, 0.3], level=0.90)
+    assert mde90 is not None and P.power_seeds(mde90, 0.1, 3, level=0.90) == pytest.approx(0.80, abs=1e-9)
+    assert mde90 < mde and mde90 == pytest.approx((T95_2 + T80_2) * 0.1 / math.sqrt(3), rel=0.02)
+    many = [0.1, 0.2, 0.3] * 10                                                  # n 30: within 0.1 % of the formula
+    sd30 = float(np.std(many, ddof=1))
+    assert P.mde_seeds(many) == pytest.approx((P.t_quantile(0.975, 29) + P.t_quantile(0.8, 29)) * sd30
+                                              / math.sqrt(30), rel=1e-3)
     # problems: differences 0, 0.5, 0, 0.5 -> sd (n - 1) = sqrt(0.25 / 3) = sqrt(1/12), P = 4
     x = [0.0, 0.5, 0.0, 0.5]
     assert P.mde_problems(x) == pytest.approx((Z975 + Z80) * math.sqrt(1 / 12) / 2, rel=1e-9)
@@ -209,7 +226,9 @@ def test_fig4_and_fig5_claims_from_one_sweep(tmp_path: Path, empty_db: Path) -> 
     assert acc.verdict == C.INCONCLUSIVE
     assert acc.problem_low is None and any("per-problem" in n for n in acc.notes)  # static logged no CSVs
     assert ent.level == 0.95 and ent.basis == C.B_SEEDS
-    assert ent.mde_seeds == pytest.approx((T975_2 + T80_2) * 0.1 / math.sqrt(3), rel=1e-6) and ent.mde == ent.mde_seeds
+    # sd 0.1 over 3 seeds: the effect the t-test detects with power 0.80 (noncentral t)
+    assert ent.mde_seeds is not None and ent.mde == ent.mde_seeds
+    assert P.power_seeds(ent.mde_seeds, 0.1, 3) == pytest.approx(P.POWER, abs=1e-9)
     f5 = _one(results, "fig5_heldout")
     # every seed: 0.5 - 0.375 = 0.125: zero spread, no t-interval; the verdict rests on the problems
     # (p1 +0.25, p2 0 pooled), whose bootstrap interval reaches 0

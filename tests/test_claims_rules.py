@@ -61,7 +61,7 @@ def test_a_verdict_needs_a_t_interval_over_three_seeds_with_a_spread(tmp_path: P
     # 3 seeds whose differences have no spread: the interval passed is not a t-interval
     assert C.verdict(1, [(0.01, 0.3)], 3, t_usable=False) == C.INCONCLUSIVE
     assert C.verdict(0, [(-0.01, 0.01)], 3, margin=0.05, t_usable=False) == C.INCONCLUSIVE
-    assert C.verdict(1, [(0.01, 0.3)], 3) == C.HOLDS                    # with the t-interval among them
+    assert C.verdict(1, [(0.01, 0.3)], 3, t_usable=True) == C.HOLDS     # with the t-interval among them
     # on a store: +0.5 on every problem and both seeds; the row says why it is not "holds"
     st = Store(tmp_path, empty_db)
     off = {f"p{i}": 0.25 for i in range(4)}

@@ -1,5 +1,6 @@
 """A fair speed figure on a shared machine: CPU seconds per step beside wall time, and the load each run
-ran under (ulorl.report.speed, the trainer's time/step_cpu_s, time/eval_cpu_s and sys/load1)."""
+ran under (ulorl.report.speed, the trainer's time/step_cpu_s, time/eval_cpu_s and sys/load1); the real run
+also logs the staleness of its updates (ulorl.train.staleness)."""
 
 from __future__ import annotations
 
@@ -113,5 +114,9 @@ def test_a_real_run_logs_cpu_seconds_and_load_in_mlflow(tmp_path):
     assert sorted(cpu) == sorted(wall) == sorted(load) == [1, 2]
     assert all(v > 0 for v in cpu.values()) and all(v >= 0 for v in load.values())
     assert sorted(ev_cpu) == [2] and 0 < ev_cpu[2] < cpu[2]     # the evaluation ran inside step 2
+    # the staleness of each update's samples (ulorl.train.staleness), logged at the steps that released groups
+    released = hist("rollout/released_groups")
+    lag0 = hist("staleness/tokens_lag0")
+    assert lag0 and set(lag0) == {k for k, v in released.items() if v > 0} and all(0 <= v <= 1 for v in lag0.values())
     st = speed.run_speed(wall, 1, step_cpu_s=cpu, eval_cpu_s=ev_cpu, load=load)
     assert st is not None and st.median_step_cpu_s > 0 and math.isfinite(st.load)

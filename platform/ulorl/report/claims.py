@@ -147,6 +147,7 @@ class Claim:
     paper_says: str
     sweep: str                       # the command that produces its runs
     margin: Optional[float] = None   # direction 0 only: |a - b| below this counts as equal
+    floor: Optional[float] = None    # directional only: the practical-size floor, the smallest effect that matters
     with_baseline: bool = False      # True: sweeps with a baseline trial (headline); False: sweeps without
     bench: str = "heldout"           # held-out metrics: eval/<bench>/avg_at_k and its per-problem CSVs
     paper_effect: Optional[float] = None  # the paper's own a - b where it reports one (accuracy as a fraction)
@@ -263,10 +264,12 @@ def launch_settings(launches: dict[str, list[RunInfo]]) -> dict[str, dict[str, s
 
 def sweep_groups(runs: Sequence[RunInfo]) -> dict[tuple[str, str], list[RunInfo]]:
     """Runs by (sweep name, label): the launches (MLflow parents) of one sweep name are pooled when
-    their shared settings (:func:`launch_settings`) agree on every key both have, so seeds added by
-    a later launch pair with the earlier ones; launches that differ (e.g. another learning rate
-    after an edit of the spec) form groups of their own. The label names the parents (first 8
-    characters, ``+``-joined). Runs outside any sweep form the group ("", "")."""
+    their shared settings (:func:`launch_settings`) agree on every key both have AND the later launch
+    only adds seeds (no run of it repeats a configuration and seeds an earlier launch of the group
+    ran), so seeds added by a later launch pair with the earlier ones; launches that differ (e.g.
+    another learning rate after an edit of the spec) or that re-run seeds already run form groups of
+    their own: a later run of a seed never replaces or joins an earlier one unseen. The label names
+    every pooled parent (first 8 characters, ``+``-joined). Runs outside any sweep form the group ("", "")."""
     by_sweep: dict[str, list[RunInfo]] = {}
     for r in runs:
         by_sweep.setdefault(r.tags.get(schema.SWEEP_TAG, ""), []).append(r)
@@ -281,17 +284,23 @@ def sweep_groups(runs: Sequence[RunInfo]) -> dict[tuple[str, str], list[RunInfo]
         settings = launch_settings(launches)
         clusters: list[tuple[dict[str, str], list[str]]] = []
         for parent in sorted(launches, key=lambda p: min((r.start_time, r.run_id) for r in launches[p])):
-            mine = settings[parent]
-            for shared, parents in clusters:
-                if all(shared[k] == v for k, v in mine.items() if k in shared):
+            mine, ran = settings[parent], {_run_key(r) for r in launches[parent]}
+            for shared, parents, seen in clusters:
+                if all(shared[k] == v for k, v in mine.items() if k in shared) and not (ran & seen):
                     shared.update(mine)
                     parents.append(parent)
+                    seen |= ran
                     break
             else:
-                clusters.append((dict(mine), [parent]))
-        for _, parents in clusters:
+                clusters.append((dict(mine), [parent], set(ran)))
+        for _, parents, _ in clusters:
             out[(sweep, "+".join(p[:8] for p in parents if p))] = [r for p in parents for r in launches[p]]
     return out
+
+
+def _run_key(run: RunInfo) -> str:
+    """A run's configuration and seeds: two runs with the same key are the same seed of one arm run twice."""
+    return json.dumps([_config(run), seed_key(run)], sort_keys=True)
 
 
 def _num(v: str) -> Optional[float]:
@@ -330,13 +339,18 @@ def one_config(runs: Sequence[RunInfo]) -> tuple[list[RunInfo], list[str]]:
 
 
 def by_seed(runs: Sequence[RunInfo]) -> tuple[dict[tuple[str, ...], RunInfo], list[str]]:
-    """One run per seed key (the latest started wins) and a note per run it replaced."""
+    """One run per seed key, the FIRST started (a seed counts once, and a later run of it may not replace
+    the one that was planned: choosing between them after their results is choosing the result), and a
+    note naming every duplicate left out."""
     out: dict[tuple[str, ...], RunInfo] = {}
     notes = []
     for r in sorted(runs, key=lambda r: (r.start_time, r.run_id)):
-        if seed_key(r) in out:
-            notes.append(f"run {out[seed_key(r)].run_id} replaced by the later {r.run_id} (same seeds)")
-        out[seed_key(r)] = r
+        key = seed_key(r)
+        if key in out:
+            notes.append(f"duplicate seed {'/'.join(key)}: run {r.run_id} left out, the first started "
+                         f"{out[key].run_id} counts (a later run of a seed never replaces it)")
+            continue
+        out[key] = r
     return out, notes
 
 
@@ -412,6 +426,7 @@ class ClaimResult:
     sweep: str                                 # the sweep group ("" when none)
     level: float = LEVEL_DIRECTIONAL           # of every interval below
     margin: Optional[float] = None
+    floor: Optional[float] = None              # the claim's practical-size floor (``ulorl.eval.paired.judge``)
     bench: str = ""                            # held-out part read (held-out metrics)
     seeds: int = 0
     effect: Optional[float] = None             # mean over seeds of a - b
@@ -457,7 +472,7 @@ class ClaimResult:
 def _empty(claim: Claim, sweep: str, notes: Optional[list[str]] = None) -> ClaimResult:
     return ClaimResult(claim.name, claim.paper_says, METRIC_TEXT[claim.metric], f"{claim.a.label} vs {claim.b.label}",
                        claim.direction, sweep, level=claim.level, margin=claim.margin, notes=list(notes or []),
-                       paper_effect=claim.paper_effect)
+                       paper_effect=claim.paper_effect, floor=claim.floor)
 
 
 def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sweep: str) -> Optional[ClaimResult]:
@@ -588,7 +603,8 @@ def evaluate_group(source: RunSource, claim: Claim, group: Sequence[RunInfo], sw
         res.seeds_for_paper_effect = seeds_for_effect(float(np.std(diffs, ddof=1)), claim.paper_effect, claim.level)
     res.basis = {(True, True): B_BOTH, (False, True): B_PROBLEMS, (True, False): B_SEEDS}.get(
         (used_seeds, used_problems), B_NONE)
-    res.verdict, res.why = judge(claim.direction, intervals, len(diffs), claim.margin, t_usable=usable)
+    res.verdict, res.why = judge(claim.direction, intervals, len(diffs), claim.margin, t_usable=usable,
+                                   floor=claim.floor)
     return res
 
 
@@ -788,7 +804,12 @@ def mde_text(r: ClaimResult, digits: int = 4) -> str:
     text = f"{best:.{digits}f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else f" ({parts[0].split()[0]})")
     if r.direction == 0:
         text = "margin " + text + _needs(r)
-    return text
+    return text + _floor(r)
+
+
+def _floor(r: ClaimResult) -> str:
+    """The practical-size floor beside the MDE, when the claim sets one."""
+    return "" if r.floor is None else f"; floor {r.floor:g}"
 
 
 def _needs(r: ClaimResult) -> str:
@@ -906,7 +927,7 @@ def _mde_cell(r: ClaimResult, d: int) -> str:
     its own margin would need."""
     if r.direction == 0:
         return "—" if r.eq_margin is None else f"margin {r.eq_margin:.{d}f}{_needs(r)}"
-    return "—" if r.mde is None else f"{r.mde:.{d}f}"
+    return ("—" if r.mde is None else f"{r.mde:.{d}f}") + _floor(r)
 
 
 def _verdict_cell(r: ClaimResult, c: _Cells, level: str = "") -> str:

@@ -27,6 +27,7 @@ import numpy as np
 
 from ulorl.eval.metrics import bootstrap_ci
 from ulorl.eval.paired import (
+    ARMS_IDENTICAL,
     FEW_SEEDS,
     HOLDS,
     NOT_HOLD,
@@ -39,9 +40,9 @@ from ulorl.eval.paired import (
 )
 from ulorl.tracking.schema import ROLE_BASELINE, ROLE_REFERENCE, ROLE_RERUN, ROLE_SEARCH
 
-__all__ = ["ALPHA", "N_BOOT", "PRUNED", "RANKING_COLUMNS", "ROLE_BASELINE", "ROLE_REFERENCE", "ROLE_RERUN",
-           "ROLE_SEARCH", "Trial", "Verdict", "baseline_for", "best_index", "common_scores", "paired_bootstrap",
-           "ranking_rows", "score_interval", "verdict"]
+__all__ = ["ALPHA", "ARMS_IDENTICAL", "N_BOOT", "PRUNED", "RANKING_COLUMNS", "ROLE_BASELINE", "ROLE_REFERENCE",
+           "ROLE_RERUN", "ROLE_SEARCH", "Trial", "Verdict", "arms_identical", "baseline_for", "best_index",
+           "common_scores", "finite_objective", "paired_bootstrap", "ranking_rows", "score_interval", "verdict"]
 
 N_BOOT = 2000
 ALPHA = 0.05
@@ -100,14 +101,29 @@ def baseline_for(trial: Trial, trials: Sequence[Trial]) -> Optional[Trial]:
     return None
 
 
+def finite_objective(value: Optional[float]) -> Optional[float]:
+    """The objective as the ranking reads it: None when missing, NaN or infinite (such a trial ranks
+    after every trial with a finite objective, in :func:`ranking_rows`, :func:`best_index` and
+    :func:`verdict` alike)."""
+    if value is None:
+        return None
+    v = float(value)
+    return v if np.isfinite(v) else None
+
+
+def _rank_key(t: Trial, sign: float) -> tuple[bool, bool, float, str]:
+    v = finite_objective(t.objective)
+    return (t.status == PRUNED, v is None, sign * v if v is not None else 0.0, t.trial_id)
+
+
 def ranking_rows(trials: Sequence[Trial], mode: str = "max") -> list[dict[str, Any]]:
     """Rows of ``sweep/ranking.csv``: search trials ranked by the objective (ties: smaller trial id
-    first, the same rule as :func:`best_index`), the pruned ones after all others, then the baseline and
-    re-run trials; every row with its held-out interval and its paired difference vs the baseline
-    of the same seed (columns :data:`RANKING_COLUMNS` then the key params)."""
+    first, the same rule as :func:`best_index`), those without a finite objective (missing, NaN) after
+    them, the pruned ones after all others, then the baseline and re-run trials; every row with its
+    held-out interval and its paired difference vs the baseline of the same seed (columns
+    :data:`RANKING_COLUMNS` then the key params)."""
     sign = -1.0 if mode == "max" else 1.0
-    search = sorted([t for t in trials if t.role == ROLE_SEARCH],
-                    key=lambda t: (t.status == PRUNED, t.objective is None, sign * (t.objective or 0.0), t.trial_id))
+    search = sorted([t for t in trials if t.role == ROLE_SEARCH], key=lambda t: _rank_key(t, sign))
     others = sorted([t for t in trials if t.role != ROLE_SEARCH], key=lambda t: (t.role, t.seed_offset))
     rows = []
     for i, t in enumerate(search + others, 1):
@@ -132,9 +148,10 @@ def ranking_rows(trials: Sequence[Trial], mode: str = "max") -> list[dict[str, A
 
 
 def best_index(objectives: Sequence[Optional[float]], trial_ids: Sequence[str], mode: str = "max") -> Optional[int]:
-    """Index of the best trial: best objective, ties broken by the smaller trial id."""
+    """Index of the best trial: best finite objective, ties broken by the smaller trial id (NaN / None
+    never best: :func:`finite_objective`)."""
     sign = -1.0 if mode == "max" else 1.0
-    valid = [(i, float(v)) for i, v in enumerate(objectives) if v is not None and np.isfinite(v)]
+    valid = [(i, v) for i, o in enumerate(objectives) if (v := finite_objective(o)) is not None]
     if not valid:
         return None
     return min(valid, key=lambda iv: (sign * iv[1], trial_ids[iv[0]]))[0]
@@ -167,6 +184,19 @@ def _paired(t: Trial, base: Trial, part: str) -> Optional[dict[str, Any]]:
             "a_scores": a, "b_scores": b}
 
 
+def arms_identical(per_seed: Sequence[dict[str, Any]]) -> bool:
+    """Whether every judged pair (a re-run of the best configuration and the baseline of its seed,
+    :func:`_paired` records) scores exactly the same on every problem: no difference to judge."""
+    return bool(per_seed) and all(p["a_scores"] == p["b_scores"] for p in per_seed)
+
+
+def identical_search(trials: Sequence[Trial]) -> int:
+    """The number of finished search trials when there are >= 2 and all have the same per-problem
+    scores (the search had nothing to select on), else 0."""
+    search = [t.scores for t in trials if t.role == ROLE_SEARCH and t.status != PRUNED and t.scores]
+    return len(search) if len(search) >= 2 and all(s == search[0] for s in search) else 0
+
+
 def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
     """Does the best search trial's configuration beat the baseline beyond problem and seed noise?
 
@@ -177,10 +207,13 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
     the problems it would be judged on). "BEATS" when every usable interval lies above zero: the
     t-interval of the per-seed differences (>= 3 re-run seeds with a spread, required) and the paired
     bootstrap over the problems pooled across the re-run seeds (95 %); "WORSE" when every one lies
-    below; without the t-interval, fewer than 2 re-run seeds, or 2 without problems: not judged.
+    below; without the t-interval, fewer than 2 re-run seeds, or 2 without problems: not judged. When
+    every re-run scores exactly as its seed's baseline on every problem the line says "arms identical"
+    instead of a verdict, and it says so when all search trials scored identically (nothing to select on).
     """
     rows = ranking_rows(trials, mode)
-    search = [r for r in rows if r["role"] == ROLE_SEARCH and r["objective"] is not None and r["status"] != PRUNED]
+    search = [r for r in rows if r["role"] == ROLE_SEARCH and finite_objective(r["objective"]) is not None
+              and r["status"] != PRUNED]
     bases = {t.seed_offset: t for t in trials if t.role == ROLE_BASELINE and (t.scores or t.confirm or t.final)}
     if not search or not bases:
         return Verdict("verdict: no baseline with held-out results to compare against", None, [], None)
@@ -219,9 +252,15 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
     n = len(diffs)
     if part == "all":    # picked and judged on the same problems: no verdict (the claims refuse it too)
         word = REFUSED
+    elif arms_identical(per_seed):
+        word = ARMS_IDENTICAL
     if word == REFUSED:
         text, beats = ("is not judged (REFUSED): it was picked on the same held-out problems it would be judged "
                        "on; set eval.final (or eval.select_problems) and re-run the sweep"), None
+    elif word == ARMS_IDENTICAL:
+        text, beats = (f"is not judged ({ARMS_IDENTICAL}): on all {n} re-run seed(s) it scores exactly as the "
+                       f"baseline on every one of the {per_seed[0]['problems']} problems, so there is no "
+                       "difference to judge"), None
     elif word == HOLDS:
         text, beats = f"BEATS the baseline on {n} re-run seeds", True
     elif word == NOT_HOLD:
@@ -239,6 +278,9 @@ def verdict(trials: Sequence[Trial], mode: str = "max") -> Verdict:
     if p_iv is not None:
         parts.append(f"problems boot95 [{p_iv[0]:+.4f}, {p_iv[1]:+.4f}] ({len(x or [])})")
     parts += notes
+    if (same := identical_search(trials)):
+        parts.append(f"all {same} search trials scored identically on every problem: the search had nothing to "
+                     "select on")
     if per_seed:
         parts.append("per seed " + ", ".join(f"seed+{p['seed_offset']}: {p['diff']:+.4f}" for p in per_seed))
     if selected is not None:

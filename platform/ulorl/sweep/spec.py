@@ -47,6 +47,7 @@ from ulorl.config import (
     read_yaml,
     yaml_file_problem,
 )
+from ulorl.eval.final import FINAL_SUFFIX
 from ulorl.tracking.schema import SEED_KEYS
 
 
@@ -438,6 +439,7 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
         ref_cfg = _validate_with(base, {**fixed, **ref.overrides}, f"references[{i}] ({ref.name})", str(p))
         if ref.purpose == "speedup":
             _check_speed_reference(ref, i, ref_cfg, fixed_cfg, spec, str(p))
+    _check_judged_metrics(spec, str(p))
     split = [m for m in spec.metrics if m.startswith("eval/") and m.split("/")[1].endswith(("_select", "_confirm"))]
     if split and not fixed_cfg.eval.select_problems and "eval.select_problems" not in spec.space:
         raise SweepError(f"{p}: metric {split[0]} needs the held-out split: set eval.select_problems (e.g. half of "
@@ -445,6 +447,35 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, Path, dict[str, Any]]:
     if spec.metrics == ["eval/heldout/avg_at_k"] and fixed_cfg.eval.every == 0 and "eval.every" not in spec.space:
         raise SweepError(f"{p}: metric eval/heldout/avg_at_k needs periodic evaluation (eval.every > 0 in the base)")
     return spec, base_path, base
+
+
+def judged_part(metric: str) -> Optional[str]:
+    """The held-out part a sweep's verdict is judged on that ``metric`` reads, None for any other:
+    ``eval/heldout_confirm/avg_at_k -> "confirmation"``, ``eval/heldout_final/avg_at_k -> "final"``."""
+    parts = metric.split("/")
+    if len(parts) < 3 or parts[0] != "eval":
+        return None
+    bench = parts[1]
+    if bench.endswith("_confirm"):
+        return "confirmation"
+    if bench.endswith(FINAL_SUFFIX):
+        return "final"
+    return None
+
+
+def _check_judged_metrics(spec: SweepSpec, source: str) -> None:
+    """A search must not select on the problems it is judged on: the confirmation part and the final
+    evaluation are the verdict's (``ulorl.sweep.ranking.verdict``); an objective read from them makes
+    the verdict judge the trial on the problems that picked it."""
+    for i, m in enumerate(spec.metrics):
+        part = judged_part(m)
+        if part is None:
+            continue
+        key = "metric" if isinstance(spec.metric, str) else f"metric[{i}]"
+        raise SweepError(f"{source}: {key}: {m} reads the {part} problems, the ones the sweep's verdict is judged "
+                         "on; a search must not select on them. Select on eval/heldout_select/avg_at_k (with "
+                         "eval.select_problems) or eval/heldout/avg_at_k, and set eval.final to judge on problems "
+                         "no search saw")
 
 
 def _check_speed_reference(ref: Reference, i: int, ref_cfg: ExperimentConfig, trials_cfg: ExperimentConfig,

@@ -13,7 +13,15 @@ from typing import Any, Optional
 from ulorl.eval.final import final_bench
 from ulorl.report import speed
 from ulorl.sweep.command import best_trial_overrides, fixed_overrides, train_command
-from ulorl.sweep.ranking import PRUNED, ROLE_REFERENCE, ROLE_SEARCH, Trial, ranking_rows, verdict
+from ulorl.sweep.ranking import (
+    PRUNED,
+    ROLE_REFERENCE,
+    ROLE_SEARCH,
+    Trial,
+    finite_objective,
+    ranking_rows,
+    verdict,
+)
 from ulorl.tracking import schema
 from ulorl.tracking.read import PerProblemReader
 
@@ -116,7 +124,8 @@ def summarize(client: Any, parent_run_id: str, spec: Any, base: dict[str, Any], 
     metric, mode = spec.metrics[0], spec.modes[0]
     trials = trials_from_mlflow(client, parent_run_id, metric, list(spec.space))
     rows = ranking_rows(trials, mode)
-    best = next((r for r in rows if r["role"] == ROLE_SEARCH and r["status"] != PRUNED), None)
+    best = next((r for r in rows if r["role"] == ROLE_SEARCH and r["status"] != PRUNED
+                 and finite_objective(r["objective"]) is not None), None)   # the verdict's best trial
     fixed = fixed_overrides(spec)
     command = None
     if best is not None:

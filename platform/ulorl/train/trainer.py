@@ -46,6 +46,7 @@ from ulorl.train.prompts import PromptStream, load_items
 from ulorl.train.record import RunRecord, load_metrics, rollout_metrics, update_metrics
 from ulorl.train.resume import check_resume_config
 from ulorl.train.sequence_parallel import check_sequence_parallel
+from ulorl.train.staleness import staleness_metrics
 from ulorl.train.update import (
     UpdateContext,
     UpdateResult,
@@ -376,6 +377,7 @@ class Trainer:
         update (None when nothing was released) and what the step logs of it."""
         t1 = time.perf_counter()
         update = None
+        stale = staleness_metrics(released, self.policy_version)   # the version this update trains from
         if released and self.engine.colocate:
             self.engine.sleep()  # colocated vLLM frees its GPU memory; the weight push wakes it
         if released:
@@ -390,6 +392,7 @@ class Trainer:
             # a colocated vLLM engine slept at level 2 (weights discarded): the unchanged weights wake it
             push_weights(self.engine, self.backend, self.policy_version)
         metrics.update(update_metrics(update, self.step, self.cfg.rollout.min_ready_groups))
+        metrics.update(stale)
         metrics["train/policy_version"] = float(self.policy_version)
         return update, metrics
 

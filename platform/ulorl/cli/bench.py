@@ -33,6 +33,8 @@ Tools with their own flags (everything after the name goes to the tool; ``ulorl-
   fill-effect     algo.dynamic_sampling_fill off vs on: time per step, learning signal (ulorl.bench.fill_effect)
   learning-signal does the default run learn? cohort reward rise and held-out avg@k over six seeds, real
                   runs read back from MLflow (ulorl.bench.learning_signal): ulorl-bench learning-signal
+  reward-noise    the verifier's measured errors drawn into the training rewards of paired runs: held-out
+                  effect and groups that lose their signal (ulorl.bench.reward_noise)
   warmstart-rebuild  the shipped warm-start recipe from scratch (the shipped build: 46 min), a held-out check,
                   side by side with the shipped build (ulorl.bench.warmstart_rebuild)
   peer            ulorl side by side with TRL's GRPOTrainer at equal settings, interleaved; needs the 'peer'
@@ -73,6 +75,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "entropy-map": ("ulorl.bench.entropy_map", "MPT share of the entropy change over a grid sweep's runs"),
     "fill-effect": ("ulorl.bench.fill_effect", "algo.dynamic_sampling_fill off vs on: time per step, signal"),
     "learning-signal": ("ulorl.bench.learning_signal", "cohort reward rise and held-out avg@k over seeds (real runs)"),
+    "reward-noise": ("ulorl.bench.reward_noise", "the verifier's measured errors injected into paired runs' rewards"),
     "warmstart-rebuild": ("ulorl.bench.warmstart_rebuild", "rebuild the embedded warm start from scratch, check it"),
     "peer": ("ulorl.bench.peer", "ulorl vs TRL's GRPOTrainer at equal settings: time, samples/s, memory, score"),
     "native-sync": ("ulorl.bench.native_sync", "ZeRO-3 gathers / copies / broadcasts of one native NCCL weight update"),

@@ -165,7 +165,10 @@ def summarize_trial(history: Sequence[dict[str, float]], records: Sequence[Any],
     return row
 
 
-def _run_trial(cfg: Any, workdir: Path, label: str, progress: bool) -> dict[str, Any]:
+def _run_trial(cfg: Any, workdir: Path, label: str, progress: bool, spec: Optional[str] = None) -> dict[str, Any]:
+    from mlflow.tracking import MlflowClient
+
+    from ulorl.tracking.provenance import row_provenance, spec_tags
     from ulorl.train.entropy_probe import probe_of
     from ulorl.train.trainer import Trainer
     from ulorl.train.update import UpdateContext
@@ -174,7 +177,7 @@ def _run_trial(cfg: Any, workdir: Path, label: str, progress: bool) -> dict[str,
     uri = f"sqlite:///{(workdir / 'mlflow.db').resolve()}"
     t0, c0, load0 = time.perf_counter(), _cpu_s(), os.getloadavg()[0]
     trainer = Trainer(cfg, run_dir=run_dir, tracking_uri=uri, progress=False,
-                      extra_tags={"ulorl.entropy_map": label})
+                      extra_tags={"ulorl.entropy_map": label, **(spec_tags(spec) if spec else {})})
     trainer.setup()
     probe = probe_of(UpdateContext.of_run(trainer.backend, cfg, trainer.pad_id, trainer.device), keep_records=True)
     history: list[dict[str, float]] = []
@@ -199,6 +202,7 @@ def _run_trial(cfg: Any, workdir: Path, label: str, progress: bool) -> dict[str,
     row["cost"] = {"wall_s": time.perf_counter() - t0, "cpu_s": _cpu_s() - c0,
                    "load_before": load0, "load_after": os.getloadavg()[0], "threads": cfg.train.threads}
     row["run_id"] = trainer.run_id
+    row["provenance"] = row_provenance(MlflowClient(uri).get_run(row["run_id"]).data.tags) if row["run_id"] else {}
     return row
 
 
@@ -578,7 +582,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"[entropy-map] {label}: {cfg.train.max_steps} steps, probe every {cfg.train.entropy_probe_every}",
               file=sys.stderr, flush=True)
         try:
-            row = _run_trial(cfg, workdir, label, progress=True)
+            row = _run_trial(cfg, workdir, label, progress=True, spec=args.sweep)
         except ModelLoadError as exc:
             print(f"entropy_map: {label}: {exc} (a model the sweep file names must be built first: its comment "
                   "has the command)", file=sys.stderr)

@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         # MlflowServer: serves a local store to a trainer rank 0 placed on another node
         return run_with_placement(cfg, args, store_server=MlflowServer)
     from ulorl.rollout.engines import MissingExtraError
+    from ulorl.tracking.provenance import spec_tags
     from ulorl.train.checkpoint import CheckpointSpaceError, CorruptCheckpointError
     from ulorl.train.trainer import Trainer
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         result = Trainer(
             cfg, run_dir=args.run_dir, resume=args.resume, tracking_uri=args.tracking_uri,
             progress=not args.no_progress, allow_config_change=args.allow_config_change,
+            extra_tags=spec_tags(args.experiment),
         ).run()
     except CorruptCheckpointError as exc:
         again = run_again(args, {"--resume": str(exc.previous)} if exc.previous else {})

@@ -15,6 +15,9 @@ A record holds:
 - ``means``: the mean over logged steps of :data:`MEANS` (mask fractions, step and eval seconds);
 - ``mismatch``: the train / inference mismatch folded over the run's updates (``ulorl.report.mismatch``:
   every ``mismatch/*`` and ``correction/*`` metric as one number), absent when the run logged none;
+- ``provenance``: where and when the run was made (:func:`ulorl.tracking.provenance.row_provenance`):
+  commit and whether the tree was dirty, the spec file and its SHA-256, start and end (UTC), CPU,
+  host, threads, BLAS and torch; "unknown" where the run's tags do not say (runs tracked before them);
 - ``per_problem``: per benchmark, the problem ids once (``prefix`` + ``ids``) and per eval step the
   correct counts out of ``k`` (``{"k": 2, "correct": [...]}``) or, for CSVs without counts, the
   accuracies. A union benchmark (``heldout``) whose parts ``heldout_select`` and
@@ -45,6 +48,7 @@ from typing import Any, Optional
 from ulorl.report.mismatch import summarize
 from ulorl.report.store import RunInfo, RunSource, RunStore
 from ulorl.tracking import schema
+from ulorl.tracking.provenance import row_provenance
 
 FORMAT = 1
 CURVES: tuple[str, ...] = ("train/entropy", "rollout/reward_mean", "train/samples")
@@ -180,6 +184,7 @@ def run_record(store: RunStore, run: RunInfo) -> dict[str, Any]:
     record = {"format": FORMAT, "run_id": run.run_id, "experiment_id": run.experiment_id, "name": run.name,
               "status": run.status, "start_time": run.start_time, "tags": dict(run.tags), "params": dict(run.params),
               "metrics": metrics, "curves": curves, "means": means, "per_problem": per_problem}
+    record["provenance"] = row_provenance(run.tags, run.start_time, run.metrics.get("time/wall_s"))
     mismatch = summarize(lambda key: store.history(run.run_id, key), run.metrics)
     if mismatch:
         record["mismatch"] = mismatch
@@ -310,6 +315,10 @@ class ResultsStore(RunSource):
     def means(self, run_id: str) -> dict[str, float]:
         """The record's per-step means (:data:`MEANS`)."""
         return dict(self._records.get(run_id, {}).get("means", {}))
+
+    def provenance(self, run_id: str) -> dict[str, str]:
+        """The record's provenance ({} for a record exported before it was recorded)."""
+        return dict(self._records.get(run_id, {}).get("provenance", {}))
 
     def mismatch_summary(self, run_id: str) -> dict[str, Any]:
         """The record's folded train / inference mismatch ({} when the run logged none)."""

@@ -257,7 +257,7 @@ class SweepRunner:
         tracker = RunTracker.start(
             self.tracking_uri, experiment, f"sweep-{self.spec.name}", parent_params(self.spec, self._server),
             {schema.KIND_TAG: "sweep", schema.SWEEP_TAG: self.spec.name, "ulorl.sweep_dir": str(self.sweep_dir),
-             **self.spec.tags},
+             **self.spec.tags}, spec=self.sweep_path,
         )
         tracker.log_text(self.sweep_path.read_text(encoding="utf-8"), "sweep/spec.yaml")
         state_path.write_text(json.dumps({"parent_run_id": tracker.run_id, "experiment": experiment,

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform as _platform
-import subprocess
 import time
-from pathlib import Path
 from typing import Any, Optional
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-import ulorl
+from ulorl.tracking import provenance
 from ulorl.tracking.store import prepare_store
 from ulorl.tracking.uri import artifact_root_for
 
@@ -39,38 +36,12 @@ def get_or_create_experiment(client: MlflowClient, name: str, uri: str) -> str:
 
 
 def hardware_tags() -> dict[str, str]:
-    import torch
-    import transformers
-
-    cpu = _platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
-    return {
-        "ulorl.hw.cpu": cpu,
-        "ulorl.hw.cores": str(os.cpu_count()),
-        "ulorl.hw.threads": str(torch.get_num_threads()),
-        "ulorl.hw.gpu": gpu,
-        "ulorl.version.torch": torch.__version__,
-        "ulorl.version.transformers": transformers.__version__,
-        "ulorl.version.ulorl": ulorl.__version__,
-        "ulorl.version.python": _platform.python_version(),
-    }
+    """``ulorl.hw.*`` and ``ulorl.version.*`` of this process (:func:`ulorl.tracking.provenance.machine_tags`)."""
+    return provenance.machine_tags()
 
 
 def git_commit() -> str:
-    try:
-        here = Path(__file__).resolve().parent
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    return provenance.git_state()[0]
 
 
 class RunTracker:
@@ -92,13 +63,20 @@ class RunTracker:
         params: dict[str, Any],
         tags: dict[str, str],
         parent_run_id: Optional[str] = None,
+        spec: Optional[str | os.PathLike[str]] = None,
     ) -> RunTracker:
+        """A new run with ``params``, ``tags`` and the provenance tags (:mod:`ulorl.tracking.provenance`);
+        ``spec``: the YAML it came from (else a child run takes its parent's)."""
         prepare_store(uri)
         client = MlflowClient(tracking_uri=uri)
         exp_id = get_or_create_experiment(client, experiment, uri)
-        all_tags = {**hardware_tags(), "ulorl.git_commit": git_commit(), **tags}
+        all_tags = {**provenance.start_tags(), **(provenance.spec_tags(spec) if spec is not None else {}), **tags}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
+            # a sweep's trial comes from the sweep's spec: the parent run names it
+            parent_tags = client.get_run(parent_run_id).data.tags
+            all_tags.update({k: parent_tags[k] for k in provenance.INHERITED_TAGS
+                             if k in parent_tags and k not in tags})
         run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
         tracker = cls(client, run.info.run_id)
         tracker.log_params(params)
@@ -177,6 +155,7 @@ class RunTracker:
 
     def end(self, status: str = "FINISHED") -> None:
         self.flush()
+        self.set_tags({provenance.ENDED_TAG: provenance.utc_now()})
         self.client.set_terminated(self.run_id, status=status)
 
 

@@ -3,7 +3,10 @@
 Training runs (``ulorl-train``, one per trial in a sweep):
   tags    ulorl.kind=train, ulorl.experiment=<yaml stem>, ulorl.paper_ref (table1|table2|table3|fig2|
           fig4|fig5, when set), mlflow.parentRunId (sweep parent), ulorl.trial_id, ulorl.variant,
-          ulorl.git_commit, ulorl.hw.* (cpu, threads, gpu), ulorl.version.* (torch, transformers, ulorl)
+          ulorl.git_commit, ulorl.git_dirty, ulorl.spec, ulorl.spec_sha256, ulorl.started_at, ulorl.ended_at,
+          ulorl.hw.* (cpu, cores, host, threads, blas, gpu), ulorl.version.* (torch, transformers, ulorl,
+          python): the provenance of every run (ulorl.tracking.provenance; a sweep's child runs take
+          ulorl.spec / ulorl.spec_sha256 from the parent run)
   params  the flattened experiment config (``rollout.segments``, ``algo.mpt.tau`` ...)
   metrics TRAIN_METRICS below, one point per step (step = training step, 1-based)
   artifacts config/resolved.yaml, samples/step_<NNNNNN>.jsonl (SAMPLE_RECORD_FIELDS),

@@ -116,6 +116,13 @@ class RolloutConfig(_Section):
     )
     max_staleness: Optional[int] = Field(None, ge=0, description="drop samples older than this many versions")
     max_unfinished: Optional[int] = Field(None, ge=1, description="stop admitting new prompts above this pool size")
+    schedule: Literal["sync", "overlap"] = Field(
+        "sync", description="'sync': roll out, then update, then push the weights; 'overlap': the engine decodes the "
+        "next segment round at version v while the trainer updates on the groups the previous round released "
+        "(docs/algorithm.md, 'Overlapped schedule')"
+    )
+    overlap_staleness: int = Field(1, ge=0, le=1, description="rollout.schedule=overlap: versions between a segment's "
+                                   "decoding and its training added by the overlap (0: the synchronous run)")
     seed: int = Field(0, description="seed of the sampling draws (per request and position)")
     # vLLM-only knobs (ignored by the hf engine)
     vllm_gpu_memory_utilization: float = Field(0.85, gt=0, le=1.0,
@@ -546,6 +553,11 @@ class ExperimentConfig(_Section):
                 f"rollout.prompts_per_step, got rollout.min_ready_groups={r.min_ready_groups} > "
                 f"rollout.prompts_per_step={r.prompts_per_step}: groups would wait across policy versions"
             )
+        if self.algo.is_mode == "tois" and r.schedule == "overlap" and r.overlap_staleness > 0:
+            raise ValueError(
+                "algo.is_mode=tois (true on-policy) cannot train rollout.schedule=overlap's segments, decoded one "
+                "version before the update; set rollout.overlap_staleness=0, rollout.schedule=sync, or "
+                "algo.is_mode=sais (old log-probs at each segment's decoding version)")
         return self
 
 

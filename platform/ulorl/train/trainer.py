@@ -11,6 +11,7 @@ Use ``train(cfg)`` from Python or ``ulorl-train EXPERIMENT.yaml [overrides]`` fr
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import signal
@@ -117,6 +118,16 @@ class _StopFlag:
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
+
+
+def check_overlap(cfg: ExperimentConfig) -> None:
+    """``rollout.schedule=overlap`` runs the in-process hf engine on its own model copy beside one torch
+    trainer process; other layouts are refused with the keys to change."""
+    r, t = cfg.rollout, cfg.train
+    if r.engine != "hf" or t.backend != "torch" or dist_env().world_size > 1:
+        raise ValueError(f"rollout.schedule=overlap supports rollout.engine=hf with train.backend=torch in one process "
+                         f"(got rollout.engine={r.engine}, train.backend={t.backend}, world size "
+                         f"{dist_env().world_size}); set rollout.schedule=sync")
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:
@@ -228,7 +239,14 @@ class Trainer:
         self.backend: TrainBackend = self._make_backend(model)
         # deepspeed: backend.model is the DeepSpeed engine; rollouts/checkpoints use the plain module
         self.model = cast("PreTrainedModel", self.backend.rollout_model)
-        self.engine: Engine = (self.engine_factory or make_engine)(engine_rollout_config(cfg), self.model, tokenizer)
+        self.overlap = cfg.rollout.schedule == "overlap"
+        if self.overlap:
+            check_overlap(cfg)
+        # overlap: the engine decodes on its own copy while the trainer changes its weights; the copy holds the
+        # version that decoded each segment (SAIS reads its old log-probs there)
+        self.engine_model = copy.deepcopy(self.model) if self.overlap else self.model
+        self.engine: Engine = (self.engine_factory or make_engine)(engine_rollout_config(cfg), self.engine_model,
+                                                                    tokenizer)
         def load_judge_engine(name: str) -> tuple[Any, Any]:
             jm, jt = load_model(cfg, self.device, name_or_path=name, rope_scaling=False)
             return make_engine(cfg.rollout.model_copy(update={"batching": "compact"}), jm, jt), jt
@@ -258,6 +276,7 @@ class Trainer:
         self.wall_s = 0.0
         self.pending_prompts: list[Any] = []
         self.last_eval: dict[str, float] = {}
+        self.held_groups: list[list[Sample]] = []   # overlap: released by the last round, trained by the next step
         if self.resume_dir is not None:
             ckpt = ckpt_io.latest_checkpoint(self.resume_dir)
             if ckpt is None:   # find_resume_dir checked that one exists
@@ -284,6 +303,7 @@ class Trainer:
             "data": self.stream.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "pending_prompts": [p.__dict__ for p in self.pending_prompts],
+            "held_groups": [[smp.to_dict() for smp in g] for g in self.held_groups],
             "last_eval": self.last_eval,
             **self.record.state_dict(),
             "config": self.cfg.model_dump(mode="json"),
@@ -323,8 +343,10 @@ class Trainer:
         self.stream.load_state_dict(state["data"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.pending_prompts = [PromptRequest(**p) for p in state.get("pending_prompts", [])]
+        self.held_groups = [[Sample.from_dict(d) for d in g] for g in state.get("held_groups", [])]
         self.last_eval = state.get("last_eval", {})
-        in_pool = len(self.scheduler.pools.unfinished) + self.scheduler.pools.experience.num_samples
+        in_pool = (len(self.scheduler.pools.unfinished) + self.scheduler.pools.experience.num_samples
+                   + sum(len(g) for g in self.held_groups))
         self.record.load_state_dict(state, in_pool)
         ckpt_io.load_rng(path)
         push_weights(self.engine, self.backend, self.policy_version)
@@ -341,40 +363,44 @@ class Trainer:
             engine_segment_logprobs(samples)
             return
         segment_logprobs(
-            self.model, samples, self.cfg.rollout.temperature, self.pad_id, self.cfg.train.micro_batch_tokens,
+            self.engine_model, samples, self.cfg.rollout.temperature, self.pad_id, self.cfg.train.micro_batch_tokens,
             self.device, self.cfg.train.bf16,
         )
 
-    def rollout_round(self) -> tuple[RolloutStepResult, dict[str, float]]:
+    def rollout_round(self, version: Optional[int] = None) -> tuple[RolloutStepResult, dict[str, float]]:
         """One round of segment rollout: the prompts the scheduler wants (deferred ones first), one
         segment of every sample in flight, rewards for the finished; the round is counted in the run's
-        record and returned with its metrics (``ulorl.train.record.rollout_metrics``)."""
-        wanted = self.scheduler.prompts_wanted(self.policy_version)
+        record and returned with its metrics (``ulorl.train.record.rollout_metrics``). ``version``: the
+        policy version the engine holds (default the trainer's; the overlapped schedule passes the one it
+        pushed, while the trainer's moves on)."""
+        version = self.policy_version if version is None else version
+        wanted = self.scheduler.prompts_wanted(version)
         fresh = wanted - len(self.pending_prompts)
         new = self.pending_prompts + (self.stream.take(fresh) if fresh > 0 else [])
         t0 = time.perf_counter()
-        res = self.scheduler.step(new, self.policy_version, score_fn=self._score, on_segment=self._on_segment)
+        res = self.scheduler.step(new, version, score_fn=self._score, on_segment=self._on_segment)
         dt = time.perf_counter() - t0
         self.pending_prompts = list(res.deferred_prompts)
         self.record.rolled_out(res, self.step)
         return res, rollout_metrics(res, dt, self.stream.dropped_too_long, self.scorer.stats, self.judge is not None)
 
-    def _rollout_released(self) -> tuple[RolloutStepResult, dict[str, float]]:
+    def _rollout_released(self, version: Optional[int] = None) -> tuple[RolloutStepResult, dict[str, float]]:
         """Roll out one round, or with ``algo.dynamic_sampling_fill`` (DAPO) more rounds until a group is
         released or ``algo.dynamic_sampling_fill_max_rounds`` is reached; the last round's result and the
         rounds' metrics merged (``ulorl.train.fill``)."""
         algo = self.cfg.algo
-        res, metrics = self.rollout_round()
+        res, metrics = self.rollout_round(version)
         if algo.dynamic_sampling_fill:
             metrics["rollout/fill_rounds"] = 1.0
             while not res.groups and metrics["rollout/fill_rounds"] < algo.dynamic_sampling_fill_max_rounds:
-                res, more = self.rollout_round()
+                res, more = self.rollout_round(version)
                 metrics = merge_round_metrics(metrics, more)
         return res, metrics
 
-    def _update(self, released: list[Sample]) -> tuple[Optional[UpdateResult], dict[str, float]]:
-        """The policy update on the ``released`` samples, then the new weights pushed to the engine: the
-        update (None when nothing was released) and what the step logs of it."""
+    def _update(self, released: list[Sample], push: bool = True) -> tuple[Optional[UpdateResult], dict[str, float]]:
+        """The policy update on the ``released`` samples, then (``push``) the new weights pushed to the engine:
+        the update (None when nothing was released) and what the step logs of it. The overlapped schedule
+        pushes later, at the segment boundary (:meth:`_push`)."""
         t1 = time.perf_counter()
         update = None
         stale = staleness_metrics(released, self.policy_version)   # the version this update trains from
@@ -387,14 +413,18 @@ class Trainer:
         metrics = {"time/train_s": time.perf_counter() - t1}
         if update is not None and update.updated:
             self.policy_version += 1
-            push_weights(self.engine, self.backend, self.policy_version)
-        elif self.engine.asleep:
-            # a colocated vLLM engine slept at level 2 (weights discarded): the unchanged weights wake it
-            push_weights(self.engine, self.backend, self.policy_version)
+        if push:
+            self._push(update)
         metrics.update(update_metrics(update, self.step, self.cfg.rollout.min_ready_groups))
         metrics.update(stale)
         metrics["train/policy_version"] = float(self.policy_version)
         return update, metrics
+
+    def _push(self, update: Optional[UpdateResult]) -> None:
+        """The trainer's weights to the engine after ``update``: the new version when it changed them; the
+        unchanged ones to wake a colocated vLLM engine that slept at level 2 (weights discarded)."""
+        if (update is not None and update.updated) or self.engine.asleep:
+            push_weights(self.engine, self.backend, self.policy_version)
 
     def _eval(self, final: bool = False) -> dict[str, float]:
         """The periodic held-out eval; ``final``: the eval.final one (its problems, its k, eval/<bench>_final/*)."""
@@ -446,9 +476,12 @@ class Trainer:
         if self.fail_at_step is not None and self.step == self.fail_at_step:
             raise RuntimeError(f"injected failure at step {self.step} (fail_at_step)")
         t_step, c_step = time.perf_counter(), time.process_time()
-        res, metrics = self._rollout_released()
-        released = [s for g in res.groups for s in g]
-        update, trained = self._update(released)
+        if self.overlap:
+            res, metrics, released, update, trained = self._overlapped_step()
+        else:
+            res, metrics = self._rollout_released()
+            released = [s for g in res.groups for s in g]
+            update, trained = self._update(released)
         metrics.update(trained)
         metrics.update(self._eval_due())
         metrics["time/step_s"] = time.perf_counter() - t_step
@@ -462,6 +495,56 @@ class Trainer:
                                    decoded_tokens_total=self.scheduler.decoded_tokens_total,
                                    prompts_dropped_too_long=self.stream.dropped_too_long, tokenizer=self.tokenizer)
         return StepResult(metrics=metrics, update=update, rollout=res)
+
+    def _overlapped_step(self) -> tuple[RolloutStepResult, dict[str, float], list[Sample], Optional[UpdateResult],
+                                         dict[str, float]]:
+        """``rollout.schedule=overlap``: one segment round decodes at the engine's version v on a second
+        thread while this thread updates on the groups held from the previous round (decoded at <= v); the
+        new weights reach the engine at the segment boundary, after both. With ``rollout.overlap_staleness``
+        0 the update waits for this round and trains its own groups: the synchronous step, same order of
+        every draw. Returns the round's result and metrics, the trained samples, the update and its metrics
+        (``overlap/*``: engine and trainer idle seconds, the seconds both ran at once)."""
+        version, lag = self.policy_version, self.cfg.rollout.overlap_staleness
+        box: dict[str, Any] = {}
+
+        def roll() -> None:
+            t = time.perf_counter()
+            try:
+                box["out"] = self._rollout_released(version)
+            except BaseException as exc:   # re-raised on this thread below
+                box["err"] = exc
+            box["span"] = (t, time.perf_counter())
+
+        def train(groups: list[list[Sample]]) -> tuple[Optional[UpdateResult], dict[str, float], float, float]:
+            t = time.perf_counter()
+            update, trained = self._update([s for g in groups for s in g], push=False)
+            return update, trained, t, time.perf_counter()
+
+        worker = threading.Thread(target=roll, name="ulorl-rollout", daemon=True)
+        t0 = time.perf_counter()
+        worker.start()
+        held, self.held_groups = self.held_groups, []
+        try:
+            if lag:
+                update, trained, t_u, t_u_end = train(held)
+        finally:
+            worker.join()
+        if "err" in box:
+            raise box["err"]
+        res, metrics = box["out"]
+        r0, r1 = box["span"]
+        if lag:
+            self.held_groups = list(res.groups)
+            trainer_idle = max(0.0, r1 - t_u_end)
+        else:   # the synchronous step: this round's groups, after it
+            held = res.groups
+            update, trained, t_u, t_u_end = train(held)
+            trainer_idle = r1 - t0
+        self._push(update)   # the segment boundary
+        metrics.update({"overlap/engine_idle_s": max(0.0, t_u_end - r1), "overlap/trainer_idle_s": trainer_idle,
+                        "overlap/both_s": max(0.0, min(r1, t_u_end) - max(r0, t_u)),
+                        "overlap/held_groups": float(len(self.held_groups))})
+        return res, metrics, [s for g in held for s in g], update, trained
 
     def close(self, status: str = "FINISHED") -> None:
         """Release what :meth:`setup` started (reward workers, the tracker's run) without ``run``."""

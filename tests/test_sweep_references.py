@@ -38,20 +38,21 @@ def test_headline_sweep_carries_a_non_segmented_reference_with_the_trials_batchi
         assert getattr(getattr(reference, section), name) == getattr(getattr(trials, section), name)
 
 
-def test_headline_sweep_plans_eight_trials_and_names_each(tmp_path):
+def test_headline_sweep_plans_twelve_trials_and_names_each(tmp_path):
     runner = SweepRunner(HEADLINE, tracking_uri=f"sqlite:///{tmp_path}/m.db", output_dir=tmp_path)
-    assert runner.planned_trials() == 8            # 4 search + baseline x 2 seeds + best re-run + S = 1
+    assert runner.planned_trials() == 12           # 4 search + baseline x 4 seeds + best re-run x 3 + S = 1
     spec = runner.spec
     entries = plan.extra_entries(spec, {"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.05})
     roles = [(e["role"], e["repeat"]) for e in entries]
-    assert roles == [("baseline", 1), ("rerun", 1), ("baseline", 0), ("reference", 0)]   # seed-major, offset 0 last
+    assert roles == [("baseline", 1), ("rerun", 1), ("baseline", 2), ("rerun", 2), ("baseline", 3), ("rerun", 3),
+                     ("baseline", 0), ("reference", 0)]   # seed-major, offset 0 last
     assert entries[-1]["trial_overrides"] == {"rollout.segments": 1, "algo.mpt.mode": "off"}
     assert plan.extra_entries(spec, None)[-1]["role"] == "reference"   # no best trial: no re-run, reference still runs
     searched = {"algo.mpt.tau": 0.9, "algo.mpt.sigma": 0.0931234}
     assert plan.describe_trial(spec, searched) == ("search", "tau=0.9 sigma=0.0931")
     assert plan.describe_trial(spec, {"__extra__": entries[0]}) == ("baseline", "masking_off seed+1")
     assert plan.describe_trial(spec, {"__extra__": entries[1]}) == ("rerun", "tau=0.9 sigma=0.05 seed+1")
-    assert plan.describe_trial(spec, {"__extra__": entries[3]}) == ("reference", "non_segmented")
+    assert plan.describe_trial(spec, {"__extra__": entries[-1]}) == ("reference", "non_segmented")
 
 
 @pytest.mark.parametrize("body, message", [

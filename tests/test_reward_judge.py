@@ -48,7 +48,8 @@ def test_judge_verdicts_counters_and_cache():
     assert judge.judge_many(pairs) == [True, False, False, True]
     assert len(engine.calls) == 1 and engine.calls[0][0] == 3  # duplicates sent once
     assert engine.calls[0][1].greedy
-    assert judge.stats == {"calls": 3, "cache_hits": 1, "yes": 1, "no": 1, "unparseable": 1, "skipped_long": 0}
+    assert judge.stats == {"calls": 3, "cache_hits": 1, "yes": 1, "no": 1, "unparseable": 1, "skipped_long": 0,
+                           "timeouts": 0, "skipped_off": 0}
     assert judge.judge("28", "27") is False and judge.judge("one half", "1/2") is True
     assert len(engine.calls) == 2  # ("28", "27") came from the cache
     st = judge.stats
@@ -81,7 +82,7 @@ def test_judge_off_without_model():
     assert isinstance(judge, GenerativeJudge) and judge.max_new_tokens == 32 and loaded == ["judge-m"]
 
 
-def test_scorer_asks_judge_only_when_rule_says_no():
+def test_scorer_asks_judge_only_where_rules_abstain():
     tok = byte_tokenizer()
     engine = TextScriptedEngine(tok, _reply)
     judge = GenerativeJudge(engine, tok)
@@ -91,13 +92,13 @@ def test_scorer_asks_judge_only_when_rule_says_no():
         (r"\boxed{28}", "27", False),  # proven integer mismatch: judge not asked
         (r"\boxed{27cm}", "0.27m", True),  # truncated: 0, judge not asked
         ("no box", "27", False),
-        (r"\boxed{x+1}", "x+2", False),  # rule 0, judge NO -> 0
+        (r"\boxed{x+1}", "x+2", False),  # rule 0 on two formulas it reads: judge not asked (issue 54)
     ]
     with RewardScorer(timeout_s=10.0, judge=judge) as scorer:
         assert scorer.score(items) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
         st = scorer.stats
-    assert st["judge_calls"] == 2 and st["judge_flips"] == 1
-    assert judge.stats["calls"] == 2
+    assert st["judge_calls"] == 1 and st["judge_flips"] == 1
+    assert judge.stats["calls"] == 1
 
 
 # ---- cause 2 (issue 29): prose answers, the judge as a second opinion in evaluation ----------------
@@ -112,7 +113,8 @@ def _prose_reply(prompt: str, _req) -> str:
 
 
 PROSE_ITEMS = [
-    ("We colour the board. The answer is: No, it is not possible to tile the board.", "No", False),  # judge YES
+    ("We colour the board. The answer is: No, it is not possible to tile the board.", "No", False),  # rule (a leading
+    # no: issue 54), judge not asked
     ("Final answer: Player A wins.", "A", False),                                                   # judge YES
     (r"So $\boxed{\text{not a rational number}}$.", "irrational", False),                           # judge YES
     ("The answer is: Yes, it is possible.", "No", False),                                           # judge NO
@@ -130,12 +132,12 @@ def test_judge_second_opinion_on_prose_answers_in_evaluation():
     with RewardScorer(timeout_s=10.0, judge=judge, extraction="boxed_or_final") as scorer:
         assert scorer.score(PROSE_ITEMS) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0]
         st = scorer.stats
-    assert st["judge_calls"] == 4 and st["judge_flips"] == 3
-    assert judge.stats["calls"] == 4 and judge.stats["yes"] == 3 and judge.stats["no"] == 1
+    assert st["judge_calls"] == 3 and st["judge_flips"] == 2
+    assert judge.stats["calls"] == 3 and judge.stats["yes"] == 2 and judge.stats["no"] == 1
     asked = sorted(re.search(r"Predicted answer: (.*)\n", p).group(1) for p in engine.prompts)
-    assert asked == sorted([p for p, _ in PROSE_YES] + ["Yes, it is possible"])
+    assert asked == sorted([p for p, _ in PROSE_YES if not p.startswith("No,")] + ["Yes, it is possible"])
     with RewardScorer(timeout_s=10.0, extraction="boxed_or_final") as scorer:  # no judge: the rule path alone
-        assert scorer.score(PROSE_ITEMS) == [0.0] * 7 + [1.0]
+        assert scorer.score(PROSE_ITEMS) == [1.0] + [0.0] * 6 + [1.0]
 
 
 def test_bench_reports_judge_cost_with_a_scripted_judge():
@@ -147,13 +149,13 @@ def test_bench_reports_judge_cost_with_a_scripted_judge():
     engine = TextScriptedEngine(tok, _prose_reply)
     summary, per_row = score_labelled(rows, "boxed_or_final", judge=GenerativeJudge(engine, tok))
     j = summary["judge"]
-    assert j["calls"] == 4 and j["flips"] == 3 and j["judge_stats"]["calls"] == 4
-    assert j["seconds"] > 0 and j["seconds_per_call"] == pytest.approx(j["seconds"] / 4)
-    assert j["calls_per_item"] == pytest.approx(4 / 6)
+    assert j["calls"] == 3 and j["flips"] == 2 and j["judge_stats"]["calls"] == 3
+    assert j["seconds"] > 0 and j["seconds_per_call"] == pytest.approx(j["seconds"] / 3)
+    assert j["calls_per_item"] == pytest.approx(3 / 6)
     assert summary["agreement"] == 1.0 and [p["score"] for p in per_row] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
-    assert "judge: 4 calls" in format_summary(summary)
+    assert "judge: 3 calls" in format_summary(summary)
     plain, _ = score_labelled(rows, "boxed_or_final")
-    assert "judge" not in plain and plain["false_negatives"] == 3
+    assert "judge" not in plain and plain["false_negatives"] == 2
 
 
 @pytest.mark.slow
@@ -173,7 +175,7 @@ def test_bench_judge_model_cli_with_a_real_model(tmp_path, capsys):
     assert rc == 0
     res = json.loads(capsys.readouterr().out)
     j = res["judge"]
-    assert j["calls"] == 3 and j["flips"] == 0 and j["judge_stats"]["unparseable"] == 3
-    assert j["seconds_per_call"] > 0 and res["false_negatives"] == 3
+    assert j["calls"] == 2 and j["flips"] == 0 and j["judge_stats"]["unparseable"] == 2  # the first: a rule's
+    assert j["seconds_per_call"] > 0 and res["false_negatives"] == 2
     assert main(["verifier", str(f), "--judge-model", str(tmp_path / "missing")]) == 2
     assert "--judge-model" in capsys.readouterr().err

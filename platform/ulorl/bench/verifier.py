@@ -17,10 +17,11 @@ items/s (scoring only, after the workers are warm); also the agreement on the ro
 contains a box. ``--out`` writes one JSON line per row and mode (extracted answer, score, label,
 agree) for reading the disagreements.
 
-``--judge-model`` adds the generative judge (``ulorl.reward.judge``) as a second opinion on the
-rule path's misses (an extracted answer the rule check rejects; never a proven integer / letter
-mismatch, a timeout or a row without an answer); the summary then holds the judge's calls, flips,
-seconds and seconds per call.
+``--judge-model`` adds the generative judge (``ulorl.reward.judge``) where the rules abstain (an
+extracted answer the rule check rejects with prose or a number with units on a side; never a proven
+integer / letter mismatch, a timeout or a row without an answer), with the row's problem in its
+prompt and each engine call bounded by ``--judge-timeout-s``; the summary then holds the judge's
+calls, flips, seconds and seconds per call.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from ulorl.data.jsonl import DataError, read_json_objects
@@ -94,7 +96,7 @@ class TimedJudge:
         self.pairs = 0
         self.seconds = 0.0
 
-    def judge_many(self, pairs: list[tuple[str, str]]) -> list[bool]:
+    def judge_many(self, pairs: Sequence[tuple[str, ...]]) -> list[bool]:
         t0 = time.perf_counter()
         try:
             return self.judge.judge_many(pairs)
@@ -202,6 +204,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="generative judge (local path / HF id / 'embedded') asked about the rule path's misses")
     v.add_argument("--judge-max-new-tokens", type=int, default=64, help="token budget of one judge answer")
     v.add_argument("--judge-device", default="cpu", help="device of the judge model")
+    v.add_argument("--judge-timeout-s", type=float, default=None,
+                   help="time bound of one judge engine call (over it: not equivalent, judge off)")
     v.add_argument("--workers", type=int, default=1, help="scorer worker processes")
     v.add_argument("--timeout-s", type=float, default=5.0, help="time bound of one rule check")
     v.add_argument("--json", action="store_true",
@@ -238,7 +242,7 @@ def run_cli(args: argparse.Namespace) -> int:
     judge = None
     if args.judge_model:
         try:
-            judge = load_judge(args.judge_model, args.judge_device, args.judge_max_new_tokens)
+            judge = load_judge(args.judge_model, args.judge_device, args.judge_max_new_tokens, args.judge_timeout_s)
         except (ImportError, RuntimeError, OSError, ValueError) as exc:
             print(f"ulorl-bench verifier: error: --judge-model {args.judge_model!r}: {exc}", file=sys.stderr)
             return 2
@@ -257,7 +261,7 @@ def run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_judge(name: str, device: str = "cpu", max_new_tokens: int = 64) -> Any:
+def load_judge(name: str, device: str = "cpu", max_new_tokens: int = 64, timeout_s: Optional[float] = None) -> Any:
     """A ``GenerativeJudge`` on model ``name`` (the platform's loader, an HF engine on ``device``)."""
     from ulorl.config import RolloutConfig
     from ulorl.models.loading import load_policy
@@ -267,7 +271,7 @@ def load_judge(name: str, device: str = "cpu", max_new_tokens: int = 64) -> Any:
     model, tok = load_policy(name, device=device)
     engine = make_engine(RolloutConfig(engine="hf", device=device, segments=1, max_response_len=max_new_tokens),
                          model, tok)
-    return GenerativeJudge(engine, tok, max_new_tokens=max_new_tokens)
+    return GenerativeJudge(engine, tok, max_new_tokens=max_new_tokens, timeout_s=timeout_s)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -138,3 +138,30 @@ def rationalize_decimals(s: str) -> Optional[str]:
     if not _DECIMAL_LITERAL.search(s):
         return None
     return _DECIMAL_LITERAL.sub(lambda m: f"(\\frac{{{int(m.group(1) + m.group(2))}}}{{{10 ** len(m.group(2))}}})", s)
+
+
+_MATH_WORDS = frozenset("sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln exp max min gcd lcm mod "
+                        "det lim sup inf deg arg dim ker".split())
+
+
+def _prose(s: str) -> bool:
+    """A word of three or more letters that is no LaTeX command and no function name (``Player A
+    wins``, ``\\text{not a rational number}``); ``\\frac{x}{2}``, ``\\sin x`` are no prose."""
+    words = re.findall(r"(?<![\\A-Za-z])[A-Za-z]{3,}", s)
+    return any(w.lower() not in _MATH_WORDS for w in words)
+
+
+def beyond_rules(pred: str, reference: str) -> bool:
+    """Where the rules abstain after saying "not equivalent": either side is prose, or a number whose
+    units or words were removed to compare it (``27cm`` against ``0.27m``: no rule converts units).
+    The generative judge is asked about these pairs only (``ulorl.reward.scorer``)."""
+    from ulorl.reward.normalize import normalize_answer
+
+    for side in (pred, reference):
+        if _prose(side):
+            return True
+        bare = re.sub(r"\\[A-Za-z]+", "", side)
+        if re.search(r"[A-Za-z]", bare) and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "",
+                                                                              normalize_answer(side))):
+            return True
+    return False

@@ -16,9 +16,10 @@ Fast path (no worker round trip): truncated responses, responses without an answ
 that string code decides exactly (``ulorl.reward.compare.fast_verdict``: two plain integers after
 normalisation, identical normalised answers, two option letters).
 
-Optional generative judge: when the rule check says 0 for an extracted answer (and it was not
-a proven integer mismatch, a timeout or a crash), ``judge.judge_many`` gets the pair; a YES
-turns the reward into 1 (``stats["judge_flips"]``).
+Optional generative judge, only where the rules abstain: when the rule check says 0 for an
+extracted answer (not a proven integer / letter mismatch, a timeout or a crash) and one side is
+prose or a number with units (``ulorl.reward.forms.beyond_rules``), ``judge.judge_many`` gets
+``(pred, reference, problem)``; a YES turns the reward into 1 (``stats["judge_flips"]``).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any, Optional, Protocol, cast
 
 from ulorl.reward.compare import fast_verdict
 from ulorl.reward.extract import EXTRACTION_MODES, extract_answer
+from ulorl.reward.forms import beyond_rules
 
 if TYPE_CHECKING:
     from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
@@ -46,7 +49,7 @@ _PR_SET_PDEATHSIG = 1
 class Judge(Protocol):
     """What the scorer needs from a generative verifier (``ulorl.reward.judge.GenerativeJudge``)."""
 
-    def judge_many(self, pairs: list[tuple[str, str]]) -> list[bool]: ...
+    def judge_many(self, pairs: Sequence[tuple[str, ...]]) -> list[bool]: ...
 
 
 class ScorerError(RuntimeError):
@@ -243,11 +246,11 @@ class RewardScorer:
             for i, v in zip(slow, verdicts):
                 if v:
                     out[i] = 1.0
-                elif v is False:
-                    ask.append(i)  # rule says no (not a timeout): a judge may disagree
+                elif v is False and self.judge is not None and beyond_rules(preds[i] or "", items[i][1]):
+                    ask.append(i)  # the rules said no where they cannot read: a judge may disagree
             if self.judge is not None and ask:
                 st.judge_calls += len(ask)
-                yes = self.judge.judge_many([(preds[i], items[i][1]) for i in ask])  # type: ignore[misc]
+                yes = self.judge.judge_many([(preds[i] or "", items[i][1], _problem(items[i]) or "") for i in ask])
                 for i, y in zip(ask, yes):
                     if y:
                         out[i] = 1.0

@@ -74,6 +74,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "entropy-effect": ("ulorl.bench.entropy_effect", "first-order entropy change per token class of one update"),
     "entropy-map": ("ulorl.bench.entropy_map", "MPT share of the entropy change over a grid sweep's runs"),
     "fill-effect": ("ulorl.bench.fill_effect", "algo.dynamic_sampling_fill off vs on: time per step, signal"),
+    "overlap": ("ulorl.bench.overlap", "sync vs overlapped schedule x S in {1, 4}: time/step, trained samples/s"),
     "learning-signal": ("ulorl.bench.learning_signal", "cohort reward rise and held-out avg@k over seeds (real runs)"),
     "reward-noise": ("ulorl.bench.reward_noise", "the verifier's measured errors injected into paired runs' rewards"),
     "warmstart-rebuild": ("ulorl.bench.warmstart_rebuild", "rebuild the embedded warm start from scratch, check it"),

@@ -275,8 +275,9 @@ def test_colocated_engine_is_refused_before_vllm_starts_when_the_trainer_leaves_
     with pytest.raises(ValueError) as exc:
         VLLMEngine.from_config(rollout, _TrainerOnGpu(str(tmp_path)))
     msg = str(exc.value)
-    assert "rollout.vllm_gpu_memory_utilization=0.85" in msg and "beside the trainer's state" in msg
-    assert msg.endswith("set rollout.vllm_gpu_memory_utilization=0.27")     # floor(100 x 40 / 141) / 100 - 0.01
+    assert "rollout.vllm_gpu_memory_utilization=0.85" in msg and "the trainer's steady state" in msg
+    # the wake budget: 141 - 101 in use - 2 x 256 MiB of the weight stream = 39.5 GiB -> floor(28.01) / 100
+    assert msg.endswith("set rollout.vllm_gpu_memory_utilization=0.28")
     assert "\n" not in msg
 
 

@@ -40,4 +40,7 @@ def colocated_utilization(total_bytes: int, steady_bytes: int, transient_bytes: 
     if total_bytes <= 0:
         return 0.0
     room = int(total_bytes) - int(steady_bytes) - int(transient_bytes)
-    return max(0.0, math.floor(100 * room / int(total_bytes)) / 100)
+    util = max(0.0, math.floor(100 * room / int(total_bytes)) / 100)
+    while util > 0 and math.ceil(int(total_bytes) * util) > room:   # vLLM's ceil(total x utilization)
+        util = round(util - 0.01, 2)
+    return max(0.0, util)

@@ -46,7 +46,7 @@ import copy
 import json
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -416,11 +416,38 @@ class DeepSpeedBackend:
         inside ``GatheredParameters`` while the caller consumes it. Every rank must iterate fully."""
         from deepspeed.runtime.zero.partition_parameters import GatheredParameters
 
-        for bucket in self._export_buckets():
-            with GatheredParameters([p for _, p in bucket], modifier_rank=None):
-                yield bucket
+        yield from hold_while_consumed(self._export_buckets(),
+                                       lambda bucket: GatheredParameters([p for _, p in bucket], modifier_rank=None),
+                                       synchronize_device_of)
 
     def close(self, **info: Any) -> None:
         """Rank 0: release the worker ranks; ``info`` (run_id, steps, ...) is what their loop returns."""
         if self.data_parallel is not None and self.data_parallel.is_driver:
             self.data_parallel.send("stop", info)
+
+
+def synchronize_device_of(bucket: list[tuple[str, torch.nn.Parameter]]) -> None:
+    """Wait for every kernel queued on the bucket's CUDA device, whatever its stream (no-op on CPU)."""
+    dev = next((p.data.device for _, p in bucket if p.data.is_cuda), None)
+    if dev is not None:
+        torch.cuda.synchronize(dev)
+
+
+def hold_while_consumed(buckets: Iterable[list[tuple[str, torch.nn.Parameter]]], gather: Any,
+                        synchronize: Any) -> Iterator[list[tuple[str, torch.nn.Parameter]]]:
+    """Each bucket inside ``gather(bucket)`` while the consumer reads it, and ``synchronize(bucket)``
+    before the gather is left.
+
+    Why the synchronisation: vLLM's ``packed_nccl_broadcast_producer`` pulls this stream inside
+    alternating side streams (``torch.cuda.stream(streams[i])`` around ``pack_tensors``), so a bucket's
+    tensors may be packed (``torch.cat``) on one stream while the generator resumes, and leaves the
+    gather, under the next. DeepSpeed's release frees the gathered storage to the caching allocator
+    for its allocation stream only (no ``record_stream`` for the side streams), so the next gather
+    could overwrite it while the earlier stream's copy still reads it. The consumer has asked for the
+    next item, so every read of this bucket is queued: a device synchronize makes them finish first
+    (one per bucket of ``export_bucket_bytes``, small next to the gather itself).
+    """
+    for bucket in buckets:
+        with gather(bucket):
+            yield bucket
+            synchronize(bucket)

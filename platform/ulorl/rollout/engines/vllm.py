@@ -86,6 +86,7 @@ from typing import Any, Literal, Optional
 import torch
 
 from ulorl.rollout.checkpoint_names import conversion_model, to_checkpoint_names
+from ulorl.rollout.colocate import colocated_utilization, pending_adam_bytes, trainer_steady_bytes
 from ulorl.rollout.engines.stop_ids import stop_token_ids
 from ulorl.rollout.engines.vllm_ext import (
     BUCKET_METHOD,
@@ -554,25 +555,82 @@ GPU_MEMORY_MESSAGE = (
 )
 
 
+COLOCATED_WAKE_MESSAGE = (
+    "rollout.vllm_gpu_memory_utilization={util} reserves {want:.1f} GiB of {device} ({total:.1f} GiB) for a colocated "
+    "engine, but the trainer's steady state there is {steady:.1f} GiB ({used:.1f} GiB in use now, {cached:.1f} GiB of "
+    "it cached blocks released before each wake, + {pending:.1f} GiB of AdamW moments from the first step) and the "
+    "weight stream holds {transient:.2f} GiB while the engine wakes: after the first update the engine could not "
+    "wake (vLLM gets back only what it reserved at start); {fix}"
+)
+_NO_ROOM_FIX = "free GPU memory for the engine (rollout.colocate=false with --ray puts engines on their own GPUs)"
+
+
 def gpu_memory_problem(free_bytes: int, total_bytes: int, utilization: float, device: str,
-                       colocate: bool) -> Optional[str]:
-    """Why vLLM would refuse to start on ``device`` with this much free memory, or None (pure).
+                       colocate: bool, *, pending_bytes: int = 0, releasable_bytes: int = 0,
+                       transient_bytes: int = 0) -> Optional[str]:
+    """Why vLLM would refuse to start on ``device``, or a colocated engine could not wake after an update,
+    or None (pure).
 
     vLLM 0.32's worker requests ``ceil(total x gpu_memory_utilization)`` and raises when the free memory
-    at start-up is below it (``v1/worker/utils.py``, ``request_memory``). A colocated engine starts beside
-    the trainer's resident state (ZeRO-3 partitions, optimizer, gradients), so the fix names the largest
-    utilization that fits what is free now, in hundredths, one hundredth below it.
+    at start-up is below it (``v1/worker/utils.py``, ``request_memory``). A colocated engine also has to
+    wake beside the trainer's steady state, which it has not reached when the engine starts: AdamW's
+    moments (``pending_bytes``) appear at the first step (DeepSpeed 0.19 and torch create them lazily),
+    the caching allocator's free blocks (``releasable_bytes``) are released before each wake, and the
+    weight stream's gathered buckets (``transient_bytes``) are alive while the weights load
+    (``rollout.colocate.trainer_steady_bytes``). The fix names the largest utilization that fits.
     """
     want = math.ceil(total_bytes * utilization)
+    gib = float(1 << 30)
+    if colocate:
+        steady = trainer_steady_bytes(total_bytes - free_bytes, releasable_bytes, pending_bytes)
+        if want + steady + transient_bytes <= total_bytes:
+            return None
+        fits = colocated_utilization(total_bytes, steady, transient_bytes)
+        fix = f"set rollout.vllm_gpu_memory_utilization={fits:.2f}" if fits >= 0.05 else _NO_ROOM_FIX
+        return COLOCATED_WAKE_MESSAGE.format(
+            util=utilization, want=want / gib, device=device, total=total_bytes / gib, steady=steady / gib,
+            used=(total_bytes - free_bytes) / gib, cached=releasable_bytes / gib, pending=pending_bytes / gib,
+            transient=transient_bytes / gib, fix=fix)
     if free_bytes >= want:
         return None
     fits = math.floor(100 * free_bytes / total_bytes) / 100 - 0.01 if total_bytes else 0.0
-    gib = float(1 << 30)
-    why = " beside the trainer's state (rollout.colocate=true)" if colocate else ""
-    fix = (f"set rollout.vllm_gpu_memory_utilization={fits:.2f}" if fits >= 0.05 else
-           "free GPU memory for the engine (rollout.colocate=false with --ray puts engines on their own GPUs)")
+    fix = f"set rollout.vllm_gpu_memory_utilization={fits:.2f}" if fits >= 0.05 else _NO_ROOM_FIX
     return GPU_MEMORY_MESSAGE.format(util=utilization, want=want / gib, device=device, total=total_bytes / gib,
-                                     free=free_bytes / gib, why=why, fix=fix)
+                                     free=free_bytes / gib, why="", fix=fix)
+
+
+def optimizer_partition_numel(model: Any, world_size: int) -> int:
+    """Trainable elements of this rank's optimizer partition: ZeRO-3's local shards (``ds_tensor``), else
+    the module's trainable elements over the data-parallel ranks (ZeRO-1/2 partition the optimizer; the
+    torch backend is one rank)."""
+    params = getattr(model, "parameters", None)
+    if not callable(params):
+        return 0
+    total = 0
+    partitioned = False
+    for p in params():
+        if not getattr(p, "requires_grad", False):
+            continue
+        shard = getattr(p, "ds_tensor", None)
+        if shard is not None:
+            partitioned = True
+            total += int(shard.numel())
+        else:
+            total += int(p.numel())
+    return total if partitioned else total // max(1, int(world_size))
+
+
+def release_cached_memory() -> None:
+    """Return the caching allocator's free blocks to the driver (CUDA only): a colocated engine waking next
+    gets only what is free, and the trainer's freed activations and gathered buckets stay cached otherwise."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def wake_engine(llm: Any, tags: list[str]) -> None:
+    """``llm.wake_up(tags)`` after releasing this process's cached blocks (the trainer's, colocated)."""
+    release_cached_memory()
+    llm.wake_up(tags=tags)
 
 
 def _cuda_device_of(model: Any) -> Optional[torch.device]:
@@ -854,7 +912,7 @@ class VLLMEngine(EngineBase):
         t0 = time.perf_counter()
         weights = to_checkpoint_names(self._names_model, named_tensors(weights))
         if self.asleep:
-            llm.wake_up(tags=["weights"])
+            wake_engine(llm, ["weights"])
         sent = nbytes = messages = 0
         llm.collective_rpc(START_METHOD)
         try:
@@ -910,7 +968,7 @@ class VLLMEngine(EngineBase):
         from the old weights) is dropped, and ``version`` is recorded."""
         llm = self._live()
         if self.asleep:
-            llm.wake_up(tags=["kv_cache"])
+            wake_engine(llm, ["kv_cache"])   # the stream's gathered buckets are freed: release them first
             self.asleep = False
         if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight update")
@@ -931,7 +989,7 @@ class VLLMEngine(EngineBase):
         llm = self._live()
         t0 = time.perf_counter()
         if self.asleep:
-            llm.wake_up(tags=["weights"])
+            wake_engine(llm, ["weights"])
         if self._native is None:
             info = native_trainer_init_info(self.weight_transfer, tensor_parallel_size=self.tensor_parallel_size,
                                             bucket_bytes=self.bucket_bytes)
@@ -1045,8 +1103,15 @@ class VLLMEngine(EngineBase):
         problem = shared_gpu_problem(model, colocate, util) if in_trainer_process else None
         device = _cuda_device_of(model)
         if problem is None and device is not None:   # before the engine starts: vLLM's own free-memory check
+            pending = 0
+            if colocate:   # the steady state it must wake beside: cached blocks released, AdamW moments to come
+                release_cached_memory()
+                pending = pending_adam_bytes(optimizer_partition_numel(
+                    model, int(os.environ.get("WORLD_SIZE", "1") or 1)))
             free, total = torch.cuda.mem_get_info(device)
-            problem = gpu_memory_problem(int(free), int(total), util, str(device), colocate)
+            bucket = bucket_bytes_from_mb(getattr(rollout_cfg, "weight_sync_bucket_mb", DEFAULT_BUCKET_MB))
+            problem = gpu_memory_problem(int(free), int(total), util, str(device), colocate, pending_bytes=pending,
+                                         transient_bytes=2 * bucket if colocate else 0)
         if problem:
             raise ValueError(problem)
         max_len = getattr(rollout_cfg, "engine_max_model_len", None) or (

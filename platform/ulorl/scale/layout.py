@@ -159,6 +159,34 @@ def actor_threads(cpus: float) -> int:
     return max(1, int(math.floor(cpus + 1e-9)))
 
 
+def trainer_nodes_needed(cfg: ExperimentConfig) -> int:
+    """The fewest nodes the trainer bundles fit on: their GPUs over ``gpus_per_node`` (1 when undeclared)."""
+    r = cfg.resources
+    gpus = r.trainer_workers * r.gpus_per_trainer_worker
+    if not r.gpus_per_node or gpus <= 0:
+        return 1
+    return max(1, math.ceil(gpus / r.gpus_per_node - 1e-9))
+
+
+def trainer_split_problem(cfg: ExperimentConfig, trainer_info: list[dict[str, Any]]) -> Optional[str]:
+    """Why the trainers' placement is slow, or None (pure): they landed on more nodes than they need.
+
+    ``PACK`` (``resources.nodes`` > 1) packs on a best-effort basis: Ray may split the trainer bundles
+    over nodes (one taken by engines, or by another job), and then every ZeRO-3 gather and gradient
+    reduce crosses nodes. ``trainer_info``: each trainer actor's ``{"node_id", "node_ip"}`` in rank order.
+    """
+    nodes = sorted({i["node_id"] for i in trainer_info})
+    need = trainer_nodes_needed(cfg)
+    if len(nodes) <= need:
+        return None
+    per_node = {n: sum(1 for i in trainer_info if i["node_id"] == n) for n in nodes}
+    where = ", ".join(f"{n[:12]}: {k}" for n, k in per_node.items())
+    return (f"the {len(trainer_info)} trainer workers landed on {len(nodes)} nodes ({where} ranks) though they fit on "
+            f"{need}: every ZeRO-3 gather crosses nodes. Ray's PACK strategy (resources.nodes="
+            f"{cfg.resources.nodes}) only prefers packing; free whole nodes for the run, or declare "
+            f"resources.gpus_per_node so the dry-run's node_layout shows the intended split")
+
+
 def placement_params(cfg: ExperimentConfig, address: str, strategy: str, bundles: list[dict[str, float]],
                      trainer_info: list[dict[str, Any]], engine_info: list[dict[str, Any]],
                      cluster: dict[str, float]) -> dict[str, str]:
@@ -173,8 +201,12 @@ def placement_params(cfg: ExperimentConfig, address: str, strategy: str, bundles
         "placement.cluster_cpus": f"{cluster.get('CPU', 0.0):g}",
         "placement.cluster_gpus": f"{cluster.get('GPU', 0.0):g}",
         "placement.nodes_used": str(len({i["node_id"] for i in trainer_info + engine_info})),
+        "placement.trainer_nodes": str(len({i["node_id"] for i in trainer_info})),
         "placement.master_addr": trainer_info[0]["node_ip"] if trainer_info else "",
     }
+    split = trainer_split_problem(cfg, trainer_info)
+    if split:   # recorded with the run: a split is slow, not wrong
+        out["placement.trainer_split"] = split
     for i, info in enumerate(trainer_info):
         out[f"placement.trainer.{i}.node_ip"] = info["node_ip"]
         out[f"placement.trainer.{i}.node_id"] = info["node_id"]

@@ -317,6 +317,11 @@ class AlgoConfig(_Section):
     rollout_correction: RolloutCorrectionConfig = Field(
         RolloutCorrectionConfig(), description="train / inference mismatch: its measurement and correction "
         "(token / sequence TIS and MIS, IcePop)")
+    routing_replay: Literal["off", "r3"] = Field(
+        "off", description="MoE models: 'r3' routes each response token in the trainer's forward to the experts the "
+        "rollout engine chose (rollout routing replay, arXiv 2510.11370; gate weights from the trainer's router "
+        "logits over them); 'off' lets the trainer route. The routing mismatch (mismatch/routing/*) is logged "
+        "either way when the engine returns routes (ulorl.train.routing_replay)")
 
     @model_validator(mode="after")
     def _correction_with_kl_cov(self) -> AlgoConfig:

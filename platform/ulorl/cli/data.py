@@ -8,6 +8,7 @@
     ulorl-data sample --n 3                       # print a few task items with their solutions
     ulorl-data warmstart --profile choice --out platform/ulorl/assets/embedded_choice   # the second profile
     ulorl-data warmstart --profile choice --hidden-size 256 --out runs/shapes/wide   # another model shape
+    ulorl-data warmstart --moe-experts 4 --out platform/ulorl/assets/embedded_moe   # the tiny Qwen3-MoE
     ulorl-data stats --profile choice --json      # its stats (sampling_entropy, accuracy_by_length)
 
 Profiles (--profile): default = embedded (running sums, one solution, the fast default);
@@ -37,7 +38,7 @@ from typing import Any, Optional
 
 from ulorl.data.profiles import profile_names
 from ulorl.jsonout import emit_json, json_command
-from ulorl.models.tiny import DEFAULT_TINY, TinySpec
+from ulorl.models.tiny import DEFAULT_TINY, MoeSpec, TinySpec
 from ulorl.models.tokenizer import DEFAULT_VOCAB_SIZE, VOCAB_RANGE
 
 
@@ -80,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokenizer size asked for: 256 bytes + 2 special tokens + merges, <= 512 (default "
                         f"{DEFAULT_VOCAB_SIZE}); the task's corpus has merges for 264 at most, so a larger value "
                         "gives the same 264 tokens")
+    w.add_argument("--moe-experts", type=int, default=None,
+                   help="build the Qwen3-MoE shape with this many experts per layer (default: the dense Qwen3)")
+    w.add_argument("--moe-top-k", type=int, default=None,
+                   help=f"with --moe-experts: experts per token (default {MoeSpec().num_experts_per_tok})")
+    w.add_argument("--moe-intermediate-size", type=int, default=None,
+                   help=f"with --moe-experts: each expert's MLP width (default {MoeSpec().moe_intermediate_size})")
     w.add_argument("--checkpoints", action="store_true",
                    help="keep every evaluated model (with its eval.json) under <cache folder>.partial/")
     w.add_argument("--quiet", action="store_true", help="no progress output")
@@ -133,6 +140,22 @@ def shape_spec(args: argparse.Namespace) -> Optional[TinySpec]:
                                num_hidden_layers=layers)
 
 
+def moe_spec(args: argparse.Namespace) -> Optional[MoeSpec]:
+    """The MoE shape the --moe-* flags ask for, or None (dense) without --moe-experts."""
+    if args.moe_experts is None:
+        if args.moe_top_k is not None or args.moe_intermediate_size is not None:
+            raise DataCliError("--moe-top-k / --moe-intermediate-size need --moe-experts")
+        return None
+    base = MoeSpec()
+    try:
+        return MoeSpec(num_experts=args.moe_experts,
+                       num_experts_per_tok=base.num_experts_per_tok if args.moe_top_k is None else args.moe_top_k,
+                       moe_intermediate_size=(base.moe_intermediate_size if args.moe_intermediate_size is None
+                                              else args.moe_intermediate_size))
+    except ValueError as exc:
+        raise DataCliError(f"--moe-experts / --moe-top-k / --moe-intermediate-size: {exc}") from None
+
+
 def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
     from ulorl.models.warmstart import ensure_warmstart, profile_config, warmstart_dir, with_overrides
 
@@ -146,7 +169,8 @@ def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
             raise DataCliError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
     cfg = with_overrides(profile_config(args.profile), seed=args.seed, target_acc=args.target_acc,
                          max_steps=args.max_steps, eval_every=args.eval_every, threads=args.threads,
-                         checkpoints=args.checkpoints or None, tiny=shape_spec(args), vocab_size=args.vocab_size)
+                         checkpoints=args.checkpoints or None, tiny=shape_spec(args), vocab_size=args.vocab_size,
+                         moe=moe_spec(args))
     t0 = time.time()
     cache = warmstart_dir(cfg)
     if not args.quiet:

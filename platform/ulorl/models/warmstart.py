@@ -44,7 +44,7 @@ from ulorl.data.task import (
 )
 from ulorl.data.task_choice import CHOICE_SPEC, ChoiceSpec
 from ulorl.data.types import PromptItem
-from ulorl.models.tiny import DEFAULT_TINY, TinySpec, build_tiny_model, count_parameters
+from ulorl.models.tiny import DEFAULT_TINY, MoeSpec, TinySpec, build_tiny_model, count_parameters
 from ulorl.models.tokenizer import CORPUS_SEED, CORPUS_SIZE, DEFAULT_VOCAB_SIZE, build_tokenizer
 
 if TYPE_CHECKING:  # torch is imported inside the functions: reusing a cached build stays fast
@@ -78,6 +78,8 @@ class WarmStartConfig:
     vocab_size: int = DEFAULT_VOCAB_SIZE
     profile: str = "default"        # embedded profile whose task trains (ulorl.data.profiles)
     min_bucket_acc: float = 0.0     # also require this held-out accuracy in every reference-length bucket
+    moe: Optional[MoeSpec] = None   # the Qwen3-MoE shape (every MLP top-k routed experts); None: dense Qwen3
+    moe_init: str = "upcycle"       # with moe: 'upcycle' (from the shipped dense embedded model) or 'random'
     threads: Optional[int] = field(default=None, compare=False)
     checkpoints: bool = field(default=False, compare=False)  # keep each evaluated model in <out>.partial/
 
@@ -88,6 +90,11 @@ class WarmStartConfig:
         if self.profile == "default":  # fields added with the second profile: the default's key is unchanged
             d.pop("profile")
             d.pop("min_bucket_acc")
+        if self.moe is None:  # added with the MoE shape: a dense build's key is unchanged
+            d.pop("moe")
+            d.pop("moe_init")
+        elif self.moe_init == "upcycle":
+            d["upcycle_source"] = dense_source_key()
         d["code_version"] = CODE_VERSION
         d["tokenizer_corpus"] = [CORPUS_SEED, CORPUS_SIZE]
         return d
@@ -95,6 +102,43 @@ class WarmStartConfig:
     def cache_key(self) -> str:
         blob = json.dumps(self.key_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+MOE_INITS: tuple[str, ...] = ("upcycle", "random")
+
+
+def dense_source_dir() -> Path:
+    """The shipped dense default model an MoE build is upcycled from."""
+    from ulorl.models.loading import embedded_model_dir
+
+    return embedded_model_dir("default")
+
+
+def dense_source_key() -> str:
+    """The upcycling source's own warm-start cache key (its manifest), or its weights' size when it has none."""
+    d = dense_source_dir()
+    f = d / MANIFEST
+    if f.is_file():
+        return str(json.loads(f.read_text()).get("cache_key", ""))
+    w = d / "model.safetensors"
+    return f"size:{w.stat().st_size}" if w.is_file() else "missing"
+
+
+def _init_moe(model, cfg: WarmStartConfig) -> None:
+    """``cfg.moe_init``: keep the random init, or upcycle the shipped dense model (``upcycle_from_dense``)."""
+    if cfg.moe_init not in MOE_INITS:
+        raise ValueError(f"moe_init must be one of {MOE_INITS}, got {cfg.moe_init!r}")
+    if cfg.moe_init == "random":
+        return
+    from safetensors.torch import load_file
+
+    from ulorl.models.tiny import upcycle_from_dense
+
+    w = dense_source_dir() / "model.safetensors"
+    if not w.is_file():
+        raise FileNotFoundError(f"upcycling needs the dense embedded model at {w}; build it with "
+                                "`ulorl-data warmstart --out platform/ulorl/assets/embedded` or use moe_init 'random'")
+    upcycle_from_dense(model, load_file(str(w)))
 
 
 def profile_config(profile: str = "default") -> WarmStartConfig:
@@ -203,14 +247,19 @@ def batch_stream(tok, cfg: WarmStartConfig, pool_batches: int = 8) -> Iterator[B
 
 
 def batch_loss(model, batch: Batch) -> torch.Tensor:
-    """Mean next-token cross-entropy over response tokens of a batch (scalar)."""
+    """Mean next-token cross-entropy over response tokens of a batch (scalar); an MoE model adds its own
+    load-balancing loss times its ``router_aux_loss_coef`` (as its forward does with ``labels``)."""
     import torch
 
-    logits = model(input_ids=batch.ids).logits
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    moe = getattr(model.config, "num_experts", 0) > 0 and hasattr(model.config, "router_aux_loss_coef")
+    out = model(input_ids=batch.ids, output_router_logits=True) if moe else model(input_ids=batch.ids)
+    logp = torch.log_softmax(out.logits[:, :-1].float(), dim=-1)
     nll = -logp.gather(-1, batch.ids[:, 1:, None]).squeeze(-1)
     m = batch.loss_mask[:, 1:]
-    return (nll * m).sum() / m.sum().clamp_min(1.0)
+    loss = (nll * m).sum() / m.sum().clamp_min(1.0)
+    if moe and out.aux_loss is not None:
+        loss = loss + model.config.router_aux_loss_coef * out.aux_loss
+    return loss
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -413,7 +462,9 @@ def train_warmstart(cfg: WarmStartConfig, out_dir: Path, quiet: bool = False) ->
     torch.set_num_threads(threads)
     t0 = time.time()
     tok = build_tokenizer(cfg.vocab_size)
-    model = build_tiny_model(tok, cfg.tiny, seed=cfg.seed)
+    model = build_tiny_model(tok, cfg.tiny, seed=cfg.seed, moe=cfg.moe)
+    if cfg.moe is not None:
+        _init_moe(model, cfg)
     model.train()
     torch.manual_seed(cfg.seed)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]

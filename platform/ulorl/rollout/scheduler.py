@@ -309,6 +309,8 @@ class SegmentScheduler:
             s.response_ids.extend(r.token_ids)
             s.sampling_logprobs.extend(float(x) for x in r.logprobs)
             s.segments.append(SegmentSpan(start=start, end=s.response_len, version=policy_version))
+            if r.routed_experts is not None and len(s.routed_experts) == len(s.segments) - 1:
+                s.routed_experts.append(r.routed_experts)   # MoE: this segment's experts, beside its version
             decoded += len(r.token_ids)
         if on_segment is not None and batch:
             on_segment(batch)

@@ -49,6 +49,9 @@ class Sample:
     sampling_logprobs: list[float] = field(default_factory=list)
     old_logprobs: list[float] = field(default_factory=list)
     segments: list[SegmentSpan] = field(default_factory=list)
+    # MoE engines: per segment, the experts of every response token and layer, Int[tokens, layers, top_k]
+    # (uint8 / int16 numpy, ulorl.rollout.routes); empty for dense models and engines that return none
+    routed_experts: list[Any] = field(default_factory=list)
     status: SampleStatus = SampleStatus.DECODING
     reward: Optional[float] = None
     created_step: int = 0
@@ -87,6 +90,9 @@ class Sample:
         d = dict(self.__dict__)
         d["status"] = self.status.value
         d["segments"] = [s.__dict__.copy() for s in self.segments]
+        if self.routed_experts:
+            from ulorl.rollout.routes import encode_routes
+            d["routed_experts"] = [encode_routes(r) for r in self.routed_experts]
         return d
 
     @classmethod
@@ -94,6 +100,9 @@ class Sample:
         d = dict(d)
         d["status"] = SampleStatus(d["status"])
         d["segments"] = [SegmentSpan(**s) for s in d["segments"]]
+        if d.get("routed_experts"):
+            from ulorl.rollout.routes import decode_routes
+            d["routed_experts"] = [decode_routes(r) for r in d["routed_experts"]]
         return cls(**d)
 
 
@@ -157,6 +166,7 @@ class GenerationResult:
     token_ids: list[int]
     logprobs: list[float]                  # log_softmax(logits / T) of each sampled token
     finish_reason: Literal["eos", "length"]
+    routed_experts: Optional[Any] = None   # MoE: Int[tokens, layers, top_k] numpy (ulorl.rollout.routes)
 
 
 @dataclass

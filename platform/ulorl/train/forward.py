@@ -29,6 +29,7 @@ from torch import Tensor
 from ulorl.algo.chunked_lm_head import forward_replaced, is_zero3_param, logprobs_from_hidden
 from ulorl.algo.logprobs import logprobs_and_entropy, logprobs_from_logits
 from ulorl.train.batch import TrainBatch, micro_batches, scatter_rows
+from ulorl.train.routing_replay import routed_forward
 
 LogprobPath = Literal["chunked", "full"]
 LOGPROB_PATHS: tuple[str, ...] = ("chunked", "full")
@@ -144,6 +145,13 @@ def token_stats(
     whatever autocast the caller set. ``with_entropy=False``: entropy returned as zeros (chunked)
     or not computed (full), for the training pass that needs log-probs only.
     """
+    # an MoE model under an active route table (ulorl.train.routing_replay): R3 replay and route capture
+    with routed_forward(model, batch.input_ids, batch.attention_mask):
+        return _token_stats(model, batch, temperature, device, path, chunk_tokens, with_entropy)
+
+
+def _token_stats(model: torch.nn.Module, batch: TrainBatch, temperature: float, device: torch.device, path: str,
+                 chunk_tokens: int | None, with_entropy: bool) -> tuple[Tensor, Tensor]:
     mask = batch.response_mask.to(device)
     if path == "chunked":
         inputs = {"input_ids": batch.input_ids.to(device).long(), "attention_mask": _attention_mask(batch, device)}

@@ -39,10 +39,12 @@ from ulorl.algo.rollout_correction import (
     rollout_correction,
     sequence_groups,
 )
+from ulorl.algo.routing import routes_differ, routing_mismatch
 from ulorl.config import RolloutCorrectionConfig
 from ulorl.rollout.types import Sample
 from ulorl.tracking.schema import CORRECTION_PREFIX, MISMATCH_PREFIX
 from ulorl.train.batch import TrainBatch
+from ulorl.train.routing_replay import RouteTable, row_key
 
 
 @dataclass(frozen=True)
@@ -162,5 +164,55 @@ def rollout_mismatch(sources: TokenSources, batch: TrainBatch, cur_lp: Tensor, o
     return MismatchResult(metrics, corr.weights, corr.rejected)
 
 
-__all__ = ["MismatchResult", "MismatchSettings", "TokenSources",
-           "engine_logprobs", "rollout_mismatch", "same_weights_pairs", "token_sources"]
+ROUTING_PREFIX = MISMATCH_PREFIX + "routing/"
+
+
+def routing_mismatch_metrics(table: Optional[RouteTable], samples: list[Sample], batch: TrainBatch, cur_lp: Tensor,
+                             policy_version: Optional[int]) -> dict[str, float]:
+    """The routing mismatch of an MoE update (``mismatch/routing/*``; empty without recorded routes).
+
+    The trainer's own routes come from the update's no-grad pass (captured into ``table`` by
+    ``ulorl.train.routing_replay``, whether replay was on or not), at the current weights V; they are
+    compared with the engine's on the response tokens decoded at V (same weights; with
+    ``policy_version`` None, every recorded token). Logged: ``tokens``, ``token_frac`` (tokens whose
+    expert set differs in at least one layer), ``token_layer_frac``, and the mean |trainer - engine|
+    log-prob gap on the tokens routed differently (``gap_differ``, with ``differ_tokens``) and on the
+    rest (``gap_same``).
+    """
+    if table is None or not table.captured:
+        return {}
+    b, lm1 = batch.targets.shape
+    sources = token_sources(samples, batch)
+    trainer = engine = None
+    measured = torch.zeros((b, lm1), dtype=torch.bool)
+    for i in range(b):
+        p, t = batch.prompt_lens[i], batch.response_lens[i]
+        key = row_key(batch.input_ids[i, :p + t])
+        own, rec = table.captured.get(key), table.routes.get(key)
+        if own is None or rec is None or t == 0:
+            continue
+        if trainer is None or engine is None:
+            trainer = torch.full((b, lm1) + tuple(own.shape[1:]), -1, dtype=torch.long)
+            engine = torch.full_like(trainer, -1)
+        trainer[i, :min(lm1, own.shape[0])] = own[:lm1]
+        engine[i, :min(lm1, rec.shape[0])] = rec[:lm1].long()
+        measured[i] = batch.response_mask[i] & (engine[i] >= 0).all(dim=-1).all(dim=-1)
+    if trainer is None or engine is None:
+        return {}
+    if policy_version is not None:
+        measured &= batch.token_versions == policy_version
+    stats = routing_mismatch(trainer, engine, measured)
+    if not stats:
+        return {}
+    differ = routes_differ(trainer, engine).any(dim=-1) & measured
+    has_engine = measured & sources.has_engine.reshape(-1, 1)
+    gap = (cur_lp.detach().double() - sources.engine_logprobs.double()).abs()
+    stats["differ_tokens"] = float(differ.sum())
+    for name, sel in (("gap_differ", differ & has_engine), ("gap_same", ~differ & has_engine)):
+        if bool(sel.any()):
+            stats[name] = float(gap[sel].mean())
+    return {ROUTING_PREFIX + k: v for k, v in stats.items()}
+
+
+__all__ = ["ROUTING_PREFIX", "MismatchResult", "MismatchSettings", "TokenSources",
+           "engine_logprobs", "rollout_mismatch", "routing_mismatch_metrics", "same_weights_pairs", "token_sources"]

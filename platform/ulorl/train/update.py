@@ -33,8 +33,9 @@ from ulorl.train.backend import TrainBackend
 from ulorl.train.batch import TrainBatch, build_train_batch, rows_over_cap
 from ulorl.train.entropy_proxy import proxy_metrics
 from ulorl.train.forward import autocast_ctx, current_token_stats, forward_logits, token_stats
-from ulorl.train.mismatch import MismatchSettings, rollout_mismatch, token_sources
+from ulorl.train.mismatch import MismatchSettings, rollout_mismatch, routing_mismatch_metrics, token_sources
 from ulorl.train.parallel import LocalParallel, ParallelOps
+from ulorl.train.routing_replay import RouteTable, active_routes
 from ulorl.train.sequence_parallel import check_sp_loss_agg
 
 log = logging.getLogger(__name__)
@@ -173,11 +174,14 @@ def prepare_update(samples: list[Sample], ctx: UpdateContext,
 
     model = backend.model
     model.eval()
-    cur_lp, ent = dp.token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
+    routes = RouteTable.of(kept, replay=algo.routing_replay == "r3")   # MoE: the engine's experts, or None
+    with active_routes(routes):
+        cur_lp, ent = dp.token_stats(model, batch, temperature, train.micro_batch_tokens, device, train.bf16)
     old_lp = select_old_logprobs(algo.is_mode, cur_lp, batch.sais_logprobs) * resp
     mm = rollout_mismatch(token_sources(kept, batch), batch, cur_lp, old_lp, MismatchSettings(
         algo.rollout_correction, algo.is_mode, ctx.sais_from_trainer, policy_version, ctx.max_response_len))
     metrics.update(mm.metrics)
+    metrics.update(routing_mismatch_metrics(routes, kept, batch, cur_lp, policy_version))
 
     sample_entropy = (ent * resp).sum(1) / resp.sum(1).clamp(min=1)
     mask_in = MaskInputs(cur_lp, batch.rewards, resp, ent, tau=algo.mpt.tau, sigma=algo.mpt.sigma,
@@ -224,6 +228,7 @@ def apply_update(prep: PreparedUpdate, ctx: UpdateContext) -> UpdateResult:
     acc: dict[str, float] = {}
     pg_loss_total = 0.0
     grad_norms: list[float] = []
+    routes = RouteTable.of(prep.kept, replay=algo.routing_replay == "r3")
     skipped_steps = 0   # optimizer steps the backend skipped on a non-finite global grad norm
     refused = ""
     for mb_rows in split_minibatches(batch.group_ids.tolist(), train.updates_per_step):
@@ -242,8 +247,9 @@ def apply_update(prep: PreparedUpdate, ctx: UpdateContext) -> UpdateResult:
                                                  with_entropy=False)
                     width = lp.shape[1]
                 else:
-                    lp, _ = token_stats(model, sub, temperature, device, train.logprob_path,
-                                        train.logprob_chunk_tokens, with_entropy=False)
+                    with active_routes(routes):
+                        lp, _ = token_stats(model, sub, temperature, device, train.logprob_path,
+                                            train.logprob_chunk_tokens, with_entropy=False)
             part = slice(lo, lo + width)
             loss, m = _token_loss(prep, algo, train, lp, idx, part, sub.response_mask[:, part].to(device),
                                   mb_tokens, len(mb_rows), device)

@@ -34,6 +34,12 @@ Returned log-probs are ``log_softmax(logits / T)`` of the sampled tokens, before
 Llama-family models (Qwen3, Qwen2, Llama) run on ``FastCausalLM`` (packed weights, no module
 dispatch; checked against ``model(...)`` at construction). Other models run the model's own
 forward with a transformers ``DynamicCache`` (same sampling, regimes and stats; slower).
+
+MoE models (a config with ``num_experts`` and ``num_experts_per_tok``: Qwen3-MoE) run the model's own
+forward with ``output_router_logits``; every result carries ``routed_experts``: per response token the
+top-k experts of each layer in the forward that produced its logits (the prefill's last context
+position for token 0, the previous token's decode step after), Int[tokens, layers, top_k] uint8 / int16
+(``ulorl.rollout.routes``), the routing the trainer replays (``algo.routing_replay: r3``).
 """
 
 from __future__ import annotations
@@ -47,10 +53,12 @@ from typing import Any, Literal, Optional, Protocol
 
 import torch
 
+from ulorl.algo.routing import own_routes
 from ulorl.rollout.buckets import plan_buckets  # noqa: F401  (re-exported; torch-free, shared with the simulator)
 from ulorl.rollout.engines.fastlm import Bucket, FastCausalLM, unsupported_reason
 from ulorl.rollout.engines.sampling import combine_seed, counter_uniforms, sample_tokens
 from ulorl.rollout.prefix import PrefixNode, prefix_forest, share_plan  # noqa: F401  (re-exported)
+from ulorl.rollout.routes import compact_routes
 from ulorl.rollout.types import (
     EngineBase,
     EngineStats,
@@ -185,6 +193,23 @@ class HFEngine(EngineBase):
         if self.fast is None:
             self.model.to(self.device)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        cfg = getattr(model, "config", None)
+        self.moe_top_k: int = int(getattr(cfg, "num_experts_per_tok", 0) or 0) if getattr(cfg, "num_experts", 0) else 0
+        self.num_experts: int = int(getattr(cfg, "num_experts", 0) or 0)
+        if self.moe_top_k and self.fast is not None:   # the packed path has no router: record on the model's forward
+            self.fast = None
+            self.model.to(self.device)
+        # MoE: each router's logits of a decode forward, caught by a hook that only records while the engine
+        # decodes (the model may be the trainer's own module)
+        self._router_logits: Optional[list[torch.Tensor]] = None
+        if self.moe_top_k:
+            for mod in model.modules():
+                if type(mod).__name__.endswith("Router") and hasattr(mod, "top_k"):
+                    mod.register_forward_hook(self._catch_router)
+
+    def _catch_router(self, _module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+        if self._router_logits is not None:
+            self._router_logits.append((output[0] if isinstance(output, tuple) else output).detach())
 
     @property
     def backend(self) -> str:
@@ -232,20 +257,22 @@ class HFEngine(EngineBase):
                 for b0 in range(0, len(rows), cap):
                     batch = rows[b0:b0 + cap]
                     out = self._run_batch(batch, sampling, stats)
-                    for row, (toks, lps, reason) in zip(batch, out):
+                    for row, (toks, lps, reason, routes) in zip(batch, out):
                         req = requests[row.index]
-                        results[row.index] = GenerationResult(req.request_id, toks, lps, reason)
+                        results[row.index] = GenerationResult(req.request_id, toks, lps, reason, routes)
                     stats.batches += 1
         finally:
             self.model.train(was_training)
+            self._router_logits = None
         stats.useful_tokens = sum(len(r.token_ids) for r in results if r is not None)
         self.last_stats = stats
         return results  # type: ignore[return-value]
 
     # ------------------------------------------------------------------------------ one batch
-    def _run_batch(self, rows: list[_Row], sampling: SamplingParams,
-                   stats: HFEngineStats) -> list[tuple[list[int], list[float], Literal["eos", "length"]]]:
-        """Prefill + decode loop for rows sorted by context length."""
+    def _run_batch(self, rows: list[_Row], sampling: SamplingParams, stats: HFEngineStats
+                   ) -> list[tuple[list[int], list[float], Literal["eos", "length"], Optional[Any]]]:
+        """Prefill + decode loop for rows sorted by context length; per row (tokens, log-probs, finish
+        reason, routed experts Int[tokens, layers, k] or None for a dense model)."""
         dev = self.device
         num_rows = len(rows)
         max_new_longest = max(r.max_new for r in rows)
@@ -270,6 +297,7 @@ class HFEngine(EngineBase):
 
         tokens, logprobs = sample_tokens(logits, sampling, None if uniforms is None else uniforms[:, 0])
         rounds = [(batch_to_row, tokens, logprobs)]   # per decode round: (request rows, tokens, log-probs)
+        route_rounds = [state.routes] if state.routes is not None else []  # [rows, layers, k]
         done = is_eos(tokens) | (budget <= 1)
         stats.row_slots += num_rows
         stats.decode_iterations += 1
@@ -293,6 +321,8 @@ class HFEngine(EngineBase):
             tokens, logprobs = sample_tokens(logits, sampling,
                                              None if uniforms is None else uniforms[batch_to_row, iteration])
             rounds.append((batch_to_row, tokens, logprobs))
+            if route_rounds and state.routes is not None:
+                route_rounds.append(state.routes)
             done = done | is_eos(tokens)
             if not same_budget:
                 done = done | (budget <= iteration + 1)
@@ -320,8 +350,22 @@ class HFEngine(EngineBase):
         ended_eos = eos_hits.any(dim=1)
         lengths = torch.where(ended_eos, eos_hits.int().argmax(dim=1) + 1, budget_per_row).tolist()
         toks_all, lps_all, eos_all = out_tokens.tolist(), out_logprobs.tolist(), ended_eos.tolist()
-        return [(toks_all[i][:lengths[i]], lps_all[i][:lengths[i]], "eos" if eos_all[i] else "length")
+        routes_all = self._assemble_routes(rounds, route_rounds, num_rows, max_new_longest)
+        return [(toks_all[i][:lengths[i]], lps_all[i][:lengths[i]], "eos" if eos_all[i] else "length",
+                 None if routes_all is None else compact_routes(routes_all[i, :lengths[i]], self.num_experts))
                 for i in range(num_rows)]
+
+    @staticmethod
+    def _assemble_routes(rounds: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                         route_rounds: list[torch.Tensor], num_rows: int, width: int) -> Optional[Any]:
+        """Int64[N, width, layers, k] numpy of the per-round routes (rows placed as ``rounds`` say), or None."""
+        if not route_rounds:
+            return None
+        layers, k = route_rounds[0].shape[1:]
+        out = torch.zeros((num_rows, width, layers, k), dtype=torch.long)
+        for j, ((request_rows, _, _), r) in enumerate(zip(rounds, route_rounds)):
+            out[request_rows.cpu(), j] = r.cpu()
+        return out.numpy()
 
 
 class DecodeState(Protocol):
@@ -333,6 +377,7 @@ class DecodeState(Protocol):
     """
 
     first_logits: torch.Tensor  # Float[N, V]: logits of response token 0 of every row
+    routes: Optional[torch.Tensor]  # MoE: Long[B, layers, k], experts of the last forward's last position
 
     def step(self, tokens: torch.Tensor, iteration: int) -> torch.Tensor:
         """Feed ``tokens`` Long[B] (token ``iteration - 1`` of each row in the batch) -> Float[B, V]."""
@@ -415,6 +460,7 @@ class _FastState:
         fast = eng.fast
         assert fast is not None
         self.fast = fast
+        self.routes: Optional[torch.Tensor] = None   # dense models only: no routing
         dev = eng.device
         N = len(rows)
         lens = [len(r.ctx) for r in rows]
@@ -561,9 +607,14 @@ class _HFState:
         params = inspect.signature(self.model.forward).parameters
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
         pos = (self.mask[:, :P].cumsum(-1) - 1).clamp(min=0)
+        self.eng = eng
+        self.top_k = eng.moe_top_k
+        self.routes: Optional[torch.Tensor] = None   # [rows, layers, k]: routes of the last forward's last position
+        eng._router_logits = [] if self.top_k else None
         out = self.model(input_ids=ids.to(dev), attention_mask=self.mask[:, :P], position_ids=pos,
                          use_cache=True, **{self.cache_kw: self.cache})
         self.first_logits = out.logits[:, -1].float()
+        self._take_routes(N, P)
         stats.prefill_tokens += sum(lens)
         stats.prefill_padded += N * P
         stats.buckets = stats.buckets or 1
@@ -572,7 +623,18 @@ class _HFState:
         out = self.model(input_ids=tokens[:, None], attention_mask=self.mask[:, : self.context_width + iteration],
                          position_ids=(self.pos + (iteration - 1))[:, None], use_cache=True,
                          **{self.cache_kw: self.cache})
+        self._take_routes(int(tokens.shape[0]), 1)
         return out.logits[:, -1].float()
+
+    def _take_routes(self, rows: int, width: int) -> None:
+        """``routes``: each layer's top-k experts at every row's last input position (MoE models only), from
+        the router logits the engine's hooks caught during the forward that just ran."""
+        logits = self.eng._router_logits
+        if not self.top_k or not logits:
+            return
+        last = [lg.reshape(rows, width, -1)[:, -1] for lg in logits]          # layers x [rows, E]
+        self.routes = torch.stack([own_routes(lg, self.top_k) for lg in last], dim=1)
+        self.eng._router_logits = []
 
     def compact(self, keep: torch.Tensor, iteration: int) -> None:
         self.cache.batch_select_indices(keep)

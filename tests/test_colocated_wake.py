@@ -58,3 +58,25 @@ def test_wake_releases_cached_blocks_first(monkeypatch):
 
     wake_engine(FakeLLM(), ["weights"])
     assert calls == ["empty_cache", "wake_up ['weights']"]
+
+
+def test_dev_shm_sizing_knows_a_hub_ids_largest_weight():
+    from ulorl.rollout.engines.vllm import largest_weight_bytes
+
+    # Qwen3-30B-A3B's embedding, 151,936 x 2,048 bf16 = 622 MB: larger than a 256 MiB bucket, it travels alone
+    assert largest_weight_bytes("Qwen/Qwen3-30B-A3B") == 151936 * 2048 * 2
+    assert largest_weight_bytes("Qwen/Qwen3-8B", "float32") == 151936 * 4096 * 4
+    assert largest_weight_bytes("nobody/unknown-model-xyz") == 0
+
+
+def test_vllm_message_queues_come_off_the_bucket_budget():
+    from ulorl.rollout.engines.vllm import shm_left_for_buckets, vllm_message_queue_bytes
+
+    mib = 1 << 20
+    assert vllm_message_queue_bytes(1) == 0
+    assert vllm_message_queue_bytes(2, chunk_mb=16) == (16 + 2 * 24) * 10 * mib      # 640 MiB
+    assert vllm_message_queue_bytes(4, chunk_mb=16) == (16 + 4 * 24) * 10 * mib      # 1120 MiB
+    # a default 64 MiB container /dev/shm: nothing left for buckets at TP 2 (and vLLM itself refuses)
+    assert shm_left_for_buckets(64 * mib, 2) == 0
+    assert shm_left_for_buckets(64 * mib, 1) == 64 * mib
+    assert shm_left_for_buckets(None, 2) is None

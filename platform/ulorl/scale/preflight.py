@@ -52,10 +52,8 @@ MAX_SUGGESTED_UTILIZATION = 0.95
 TRAINER_USABLE_FRACTION = 0.9
 #: host memory of one 8-GPU node (a DGX H100's 2 TiB; the plan's ``HOST_MEMORY_GIB``)
 NODE_HOST_MEMORY_GIB = 2048.0
-#: vLLM 0.32 message queues of a multiprocess (TP > 1) executor: chunk MiB x chunks
-MQ_BROADCAST_CHUNK_MB = 16      # envs.VLLM_MQ_MAX_CHUNK_BYTES_MB default
-MQ_RESPONSE_CHUNK_MB = 24       # MessageQueue(max_chunk_bytes=24 MiB) default, one per worker
-MQ_CHUNKS = 10
+#: vLLM 0.32's VLLM_MQ_MAX_CHUNK_BYTES_MB default (the preflight ignores this machine's environment)
+MQ_BROADCAST_CHUNK_MB = 16
 #: under ZeRO-3, transformers < 5.20 (the versions vLLM 0.32 allows) merges every checkpoint file into
 #: one CPU state dict on every rank (``modeling_utils.py``, ``map_location="cpu"``) and fuses MoE experts
 #: on each; 5.25 maps ranks > 0 to "meta". True: every trainer rank of a node reads it
@@ -215,10 +213,10 @@ def dev_shm_bytes(*, bucket_bytes: int, largest_tensor_bytes: int, tensor_parall
     """/dev/shm one engine node needs: per engine two of the largest bucket (a tensor larger than a
     bucket travels alone) when buckets go through /dev/shm, and vLLM's message queues of a TP engine:
     ``(16 + 24 x TP) MiB x 10`` (the broadcast queue and one response queue per worker)."""
+    from ulorl.rollout.engines.vllm import vllm_message_queue_bytes
+
     ours = 2 * max(bucket_bytes, largest_tensor_bytes) if stream else 0
-    queues = ((MQ_BROADCAST_CHUNK_MB + MQ_RESPONSE_CHUNK_MB * tensor_parallel) * MQ_CHUNKS * MIB
-              if tensor_parallel > 1 else 0)
-    return engines_on_node * (ours + queues)
+    return engines_on_node * (ours + vllm_message_queue_bytes(tensor_parallel, MQ_BROADCAST_CHUNK_MB))
 
 
 def dev_shm_check(need_bytes: int, *, tensor_parallel: int) -> Check:

@@ -85,6 +85,7 @@ from typing import Any, Literal, Optional
 
 import torch
 
+from ulorl.models.shapes import model_shape
 from ulorl.rollout.checkpoint_names import conversion_model, to_checkpoint_names
 from ulorl.rollout.colocate import colocated_utilization, pending_adam_bytes, trainer_steady_bytes
 from ulorl.rollout.engines.stop_ids import stop_token_ids
@@ -533,13 +534,41 @@ def shared_gpu_problem(model: Any, colocate: bool, gpu_memory_utilization: float
 _DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float64": 8}
 
 
+#: vLLM 0.32's multiprocess executor (TP > 1) message queues in /dev/shm: the broadcast queue of
+#: ``VLLM_MQ_MAX_CHUNK_BYTES_MB`` (16) MiB x 10 chunks (``multiproc_executor.py``) and one response queue per
+#: worker, ``MessageQueue(1, 1)`` with its default 24 MiB x 10 (``shm_broadcast.py``); vLLM checks /dev/shm
+#: holds each whole ring (``check_shm_free_space``) and refuses to start otherwise
+MQ_CHUNKS, MQ_BROADCAST_CHUNK_MB, MQ_RESPONSE_CHUNK_MB = 10, 16, 24
+
+
+def vllm_message_queue_bytes(tensor_parallel_size: int, chunk_mb: Optional[int] = None) -> int:
+    """/dev/shm vLLM's own message queues reserve for one engine (0 at TP 1: no multiprocess executor)."""
+    if tensor_parallel_size <= 1:
+        return 0
+    if chunk_mb is None:
+        chunk_mb = int(os.environ.get("VLLM_MQ_MAX_CHUNK_BYTES_MB", MQ_BROADCAST_CHUNK_MB))
+    return (chunk_mb + MQ_RESPONSE_CHUNK_MB * tensor_parallel_size) * MQ_CHUNKS * (1 << 20)
+
+
+def shm_left_for_buckets(free_bytes: Optional[int], tensor_parallel_size: int) -> Optional[int]:
+    """/dev/shm our weight buckets may use once vLLM's message queues have theirs (None: no /dev/shm)."""
+    if free_bytes is None:
+        return None
+    return max(0, free_bytes - vllm_message_queue_bytes(tensor_parallel_size))
+
+
 def largest_weight_bytes(model_dir: str | Path, dtype: str = "auto") -> int:
     """Bytes of the largest weight a checkpoint's ``config.json`` implies (pure read; 0 when unknown): the
     embedding / LM head ``vocab_size x hidden_size`` or an MLP matrix, in ``dtype`` (``auto``: the
-    config's own dtype). Sizes /dev/shm for the bucketed update before any weight exists."""
+    config's own dtype; bfloat16 for a hub id). A hub id (no local folder) is sized from
+    ``ulorl.models.shapes`` (the paper's Qwen3 shapes, or a config already in the HF cache). Sizes
+    /dev/shm for the bucketed update before any weight exists."""
     cfg_file = Path(model_dir) / "config.json"
-    if not cfg_file.is_file():
-        return 0
+    if not cfg_file.is_file():   # a hub id: the shape kept in code (or the local HF cache's config), never fetched
+        shape = model_shape(str(model_dir))
+        if shape is None:
+            return 0
+        return shape.largest_tensor_params * _DTYPE_BYTES.get(dtype if dtype not in ("auto", None) else "bfloat16", 2)
     cfg = json.loads(cfg_file.read_text())
     cfg = cfg.get("text_config", cfg)
     hidden = int(cfg.get("hidden_size", 0) or 0)
@@ -764,7 +793,8 @@ class VLLMEngine(EngineBase):
             self.weight_sync_transport = choose_weight_sync_transport(
                 weight_sync_transport, bucket_bytes=self.bucket_bytes,
                 largest_tensor_bytes=largest_weight_bytes(model_dir, dtype),
-                free_bytes=shm_free_bytes()) if weight_transfer == "stream" else "inline"
+                free_bytes=shm_left_for_buckets(shm_free_bytes(), self.tensor_parallel_size)
+            ) if weight_transfer == "stream" else "inline"
         except ValueError:
             self.close()
             raise

@@ -75,8 +75,8 @@ def test_a_file_that_is_not_utf8(tmp_path, capsys):
     f.write_bytes(b'{"label": "caf\xe9"}\n')
     rc, out, err = _summary(capsys, "--out", str(f))
     assert (rc, out) == (2, "")
-    assert err == (f"entropy_map: --out {f} is not UTF-8 text (byte 14); give the results JSONL (the file python -m "
-                   "ulorl.bench.entropy_map SPEC --out FILE appends to)")
+    assert err == (f"entropy_map: --out {f} is not UTF-8 text (at byte offset 14); give the results JSONL (the file "
+                   "python -m ulorl.bench.entropy_map SPEC --out FILE appends to)")
 
 
 def test_another_tools_results_file(tmp_path, capsys):

@@ -228,7 +228,7 @@ def read_results(out: Path) -> list[dict[str, Any]]:
     try:
         text = out.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise MapInputError(f"--out {out} is not UTF-8 text (byte {exc.start}); give the results JSONL "
+        raise MapInputError(f"--out {out} is not UTF-8 text (at byte offset {exc.start}); give the results JSONL "
                             f"({made_by})") from None
     rows = []
     for n, line in enumerate(text.splitlines(), 1):

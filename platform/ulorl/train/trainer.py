@@ -350,6 +350,7 @@ class Trainer:
         self.record.load_state_dict(state, in_pool)
         ckpt_io.load_rng(path)
         push_weights(self.engine, self.backend, self.policy_version)
+        self._sync_engine_model()
         log.info("resumed from %s at step %d", path, self.step)
 
     # ------------------------------------------------------------------ stages
@@ -425,6 +426,13 @@ class Trainer:
         unchanged ones to wake a colocated vLLM engine that slept at level 2 (weights discarded)."""
         if (update is not None and update.updated) or self.engine.asleep:
             push_weights(self.engine, self.backend, self.policy_version)
+            self._sync_engine_model()
+
+    def _sync_engine_model(self) -> None:
+        """Overlap: the engine's model copy (SAIS's forward at the decoding version) to the pushed weights, when
+        the engine does not load them into it itself (the hf engine does)."""
+        if self.engine_model is not self.model and getattr(self.engine, "model", None) is not self.engine_model:
+            self.engine_model.load_state_dict(self.model.state_dict())
 
     def _eval(self, final: bool = False) -> dict[str, float]:
         """The periodic held-out eval; ``final``: the eval.final one (its problems, its k, eval/<bench>_final/*)."""

@@ -245,7 +245,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for row in summary["claims"]:
             effect = "" if row["effect"] is None else f", effect {row['effect']:+.4f}"
             print(f"claim {row['claim']} ({row['sweep'] or 'no sweep'}): {row['verdict']} "
-                  f"({row['seeds']} seed(s){effect})")
+                  f"({row['seeds']} seed(s){effect}; pre-registered: {row['preregistered']})")
         print(f"\nwrote {len(summary['files'])} files to {summary['out']}")
     return 0
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -156,6 +157,67 @@ def moe_spec(args: argparse.Namespace) -> Optional[MoeSpec]:
         raise DataCliError(f"--moe-experts / --moe-top-k / --moe-intermediate-size: {exc}") from None
 
 
+TRAIN_BYTES_PER_PARAMETER = 16   # fp32 weights, gradients and AdamW's two moments: 4 bytes each
+
+
+def estimated_parameters(spec: TinySpec, vocab_size: int, moe: Optional[MoeSpec] = None) -> int:
+    """Parameters of the tiny Qwen3 (or Qwen3-MoE, ``moe``) of shape ``spec`` with ``vocab_size`` embedding
+    rows (padded), counted from the shape alone (``ulorl.models.tiny.tiny_config``: untied head, no biases,
+    q/k norms of one head's width), without building it."""
+    h, heads, kv = spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads
+    head_dim = h // heads
+    attention = h * heads * head_dim * 2 + h * kv * head_dim * 2 + 2 * head_dim
+    if moe is None:
+        mlp = 3 * h * spec.intermediate_size
+    else:
+        mlp = moe.num_experts * (3 * h * moe.moe_intermediate_size + h)   # each expert's SwiGLU, its router row
+    per_layer = attention + mlp + 2 * h
+    return 2 * vocab_size * h + h + spec.num_hidden_layers * per_layer
+
+
+def available_memory_bytes() -> Optional[int]:
+    """``MemAvailable`` of /proc/meminfo (what can be allocated without swapping), else the physical
+    memory; None when neither is known."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def shape_memory_problem(args: argparse.Namespace) -> Optional[str]:
+    """Why the shape the flags ask for cannot be warm-started here (None when it fits): its training state
+    alone (:data:`TRAIN_BYTES_PER_PARAMETER` a parameter, activations not counted) exceeds the memory this
+    machine has available, which would end in an allocator failure or an OOM kill, not a message."""
+    spec, moe = shape_spec(args), moe_spec(args)
+    if spec is None and moe is None:
+        return None
+    from ulorl.models.tiny import padded_vocab_size
+
+    spec = spec or DEFAULT_TINY
+    params = estimated_parameters(spec, padded_vocab_size(args.vocab_size or DEFAULT_VOCAB_SIZE), moe)
+    need = params * TRAIN_BYTES_PER_PARAMETER
+    free = available_memory_bytes()
+    if free is None or need <= free:
+        return None
+    flags = " ".join(f"--{k.replace('_', '-')} {getattr(args, k)}" for k in
+                     ("hidden_size", "intermediate_size", "layers", "moe_experts", "moe_intermediate_size")
+                     if getattr(args, k, None) is not None)
+    shipped = estimated_parameters(DEFAULT_TINY, DEFAULT_VOCAB_SIZE)
+    size = f"{params / 1e9:,.1f} B" if params >= 1e9 else f"{params / 1e6:,.1f} M"
+    return (f"{flags}: a model of this shape has {size} parameters; warm-starting it needs at least "
+            f"{need / 2**30:,.1f} GiB of memory ({TRAIN_BYTES_PER_PARAMETER} bytes a parameter: fp32 weights, "
+            f"gradients and AdamW's two moments, activations not counted) and this machine has "
+            f"{free / 2**30:,.1f} GiB available; give a smaller shape (the shipped model: --hidden-size "
+            f"{DEFAULT_TINY.hidden_size} --intermediate-size {DEFAULT_TINY.intermediate_size} --layers "
+            f"{DEFAULT_TINY.num_hidden_layers}, {shipped / 1e6:.2f} M parameters)")
+
+
 def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
     from ulorl.models.warmstart import ensure_warmstart, profile_config, warmstart_dir, with_overrides
 
@@ -167,6 +229,9 @@ def cmd_warmstart(args: argparse.Namespace) -> dict[str, Any]:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise DataCliError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    problem = shape_memory_problem(args)
+    if problem:
+        raise DataCliError(problem)
     cfg = with_overrides(profile_config(args.profile), seed=args.seed, target_acc=args.target_acc,
                          max_steps=args.max_steps, eval_every=args.eval_every, threads=args.threads,
                          checkpoints=args.checkpoints or None, tiny=shape_spec(args), vocab_size=args.vocab_size,

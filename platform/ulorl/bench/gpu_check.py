@@ -713,10 +713,11 @@ def stage_trainer(ctx: StageContext) -> dict[str, Any]:
 
 
 def stage_ray(ctx: StageContext) -> dict[str, Any]:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
-    ray.init(include_dashboard=False, num_cpus=1, num_gpus=1 if ctx.on_cuda else 0)
+    from ulorl.scale.local_ray import init_ray
+
+    init_ray(None, num_cpus=1, num_gpus=1 if ctx.on_cuda else 0)   # on 127.0.0.1 only
     try:
         @ray.remote(num_gpus=1 if ctx.on_cuda else 0)
         def probe() -> dict[str, Any]:

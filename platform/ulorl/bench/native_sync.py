@@ -173,11 +173,11 @@ def _policy(vocab: int, hidden: int, layers: int) -> Any:
 def measure(engines: int, *, tensor_parallel_size: int = 1, vocab: int = 4096, hidden: int = 256, layers: int = 2,
             bucket_mb: float = 4.0) -> dict[str, Any]:
     """One native weight update to ``engines`` recording actors (module docstring); in this process."""
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
     from ulorl.config import config_from_dict
     from ulorl.rollout.weight_sync import push_weights
+    from ulorl.scale.local_ray import init_ray
     from ulorl.scale.placement import RemoteEngine
     from ulorl.train.deepspeed_backend import DeepSpeedBackend, full_nbytes
     from ulorl.train.distributed import ensure_process_group, shutdown_process_group
@@ -192,7 +192,7 @@ def measure(engines: int, *, tensor_parallel_size: int = 1, vocab: int = 4096, h
     backend.export_bucket_bytes = int(bucket_mb * MB)
     model_bytes = sum(full_nbytes(p) for p in backend.module.parameters())
     _patch(counters)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    init_ray(None, num_cpus=1, log_to_driver=False)   # on 127.0.0.1 only
     try:
         actor = ray.remote(RecordingEngine).options(num_cpus=0)
         handles = [actor.remote(tensor_parallel_size, model_dir) for _ in range(engines)]

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         from ulorl.sweep.server import MlflowServer
 
         # MlflowServer: serves a local store to a trainer rank 0 placed on another node
-        return run_with_placement(cfg, args, store_server=MlflowServer)
+        return run_with_placement(cfg, args, store_server=MlflowServer, again=lambda where: run_again(args, where))
     from ulorl.rollout.engines import MissingExtraError
     from ulorl.tracking.provenance import spec_tags
     from ulorl.train.checkpoint import CheckpointSpaceError, CorruptCheckpointError

@@ -19,7 +19,7 @@ placed driver. Layout (``resources`` section of the experiment)::
   protocol proxy that splits each ``generate`` call across the engines and pushes new weights to
   all of them after every optimizer step.
 * Placement: ``STRICT_PACK`` (one machine) when ``resources.nodes == 1``, else ``PACK``. Without
-  ``--address`` a local Ray starts on 127.0.0.1 (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, no
+  ``--address`` a local Ray starts that listens on 127.0.0.1 only (``ulorl.scale.local_ray``, no
   dashboard). Inside a Tune trial whose resources are ``tune_resources(cfg)``, the trial's own
   placement group is used (bundle 0 is the trial itself).
 * The run's placement (bundles, resources, node IPs, Ray address) is logged as ``placement.*``
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from ulorl.rollout.types import Engine, EngineBase
+from ulorl.scale.interrupt import DriverSignals, PlacementInterrupted
 from ulorl.scale.layout import (
     PlacementError,
     actor_threads,
@@ -463,7 +464,9 @@ class TrainerActor:
         return free_port()
 
     def run(self, cfg_dict: dict[str, Any], env: dict[str, str], trainer_kwargs: dict[str, Any],
-            engines: list[Any], queue: Any) -> dict[str, Any]:
+            engines: list[Any], queue: Any, stop: Any = None) -> dict[str, Any]:
+        """Run the trainer; ``queue`` gets each step's report, a signal number put on ``stop`` (the driver's
+        Ctrl-C / SIGTERM) stops the run after its step as that signal stops a plain ``ulorl-train``."""
         os.environ.update(env)
         from ulorl.config import config_from_dict
         from ulorl.train.trainer import Trainer
@@ -475,6 +478,8 @@ class TrainerActor:
             if queue is not None:
                 queue.put((holder["t"].run_id, step, {k: float(v) for k, v in metrics.items()},
                            str(ckpt) if ckpt else None))
+            if stop is not None and holder["t"].stop.signal is None and not stop.empty():
+                holder["t"].stop.signal = int(stop.get_nowait())   # checked before the next step
 
         def engine_factory(rollout_cfg: Any, model: Any, tokenizer: Any) -> RemoteEngine:
             return RemoteEngine(engines, tokenizer.eos_token_id, rollout_cfg.weight_sync_bucket_mb)
@@ -519,19 +524,16 @@ def _log_placement_params_or_warn(tracking_uri: str, run_id: str, params: dict[s
 
 
 def _start_ray(address: Optional[str]) -> tuple[bool, str]:
-    """Connect to ``address`` or start a local Ray on 127.0.0.1; returns (started_here, address)."""
-    import ray
+    """Connect to ``address`` or start a local Ray on 127.0.0.1 (``ulorl.scale.local_ray``); returns
+    (started_here, address)."""
+    from ulorl.scale.local_ray import init_ray
 
-    if ray.is_initialized():
-        return False, address or "existing"
     try:
-        if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=True)
-            return True, address
-        ray.init(include_dashboard=False, log_to_driver=True)
+        if not init_ray(address, log_to_driver=True):
+            return False, address or "existing"
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise PlacementError(f"cannot start or reach Ray{' at ' + address if address else ''}: {exc}") from exc
-    return True, "local"
+    return True, address or "local"
 
 
 def _current_trial_pg(n_bundles: int) -> Any:
@@ -597,9 +599,10 @@ def _check_run_dir(rdir: Path, actors: list[Any], infos: list[dict[str, Any]], r
         probe.remove()
 
 
-def _wait_draining(futures: list[Any], queue: Any, on_item: Callable[[tuple[Any, ...]], None]) -> None:
-    """Wait for every future, handing each queued step report to ``on_item`` as it arrives; an actor's
-    failure is raised as soon as its future resolves."""
+def _wait_draining(futures: list[Any], queue: Any, on_item: Callable[[tuple[Any, ...]], None],
+                   on_tick: Optional[Callable[[], None]] = None) -> None:
+    """Wait for every future, handing each queued step report to ``on_item`` as it arrives (and calling
+    ``on_tick`` every half second); an actor's failure is raised as soon as its future resolves."""
     import ray
     from ray.util.queue import Empty
 
@@ -615,6 +618,8 @@ def _wait_draining(futures: list[Any], queue: Any, on_item: Callable[[tuple[Any,
     while pending:
         done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
         drain()
+        if on_tick is not None:
+            on_tick()
         if done:
             ray.get(done)
     drain()
@@ -642,6 +647,21 @@ def _release(engines: list[Any], actors: list[Any], own_pg: Any, stop_ray: bool)
         ray.shutdown()
 
 
+def _mark_killed(tracking_uri: str, run_id: Optional[str]) -> None:
+    """A run whose trainer was stopped from outside (its actor killed) is KILLED, not left RUNNING."""
+    if run_id is None:
+        return
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri)
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, "KILLED")
+    except Exception as exc:  # MLflow, HTTP or SQLite: said, never in the way of the message that follows
+        print(f"ulorl-train --ray: could not mark run {run_id} KILLED in {tracking_uri}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+
+
 def run_placement(
     cfg: ExperimentConfig,
     *,
@@ -652,6 +672,7 @@ def run_placement(
     step_callback: Optional[Callable[[int, dict[str, float], Optional[Path]], None]] = None,
     progress: bool = False,
     store_server: Optional[Callable[..., Any]] = None,
+    signals: Optional[DriverSignals] = None,
     **trainer_kwargs: Any,
 ) -> PlacementResult:
     """Run one training in a placement group (module docstring). ``trainer_kwargs`` go to ``Trainer``
@@ -662,10 +683,12 @@ def run_placement(
     this driver and the store is a local file, the store is served to it by ``store_server(uri,
     host=tracking.server_host, auth=tracking.server_auth, password=...)`` (``MlflowServer``, as a sweep
     serves its trials; ``ulorl-train --ray`` passes it) or the run is refused with the settings that work.
+
+    ``signals`` (``ulorl-train --ray``): this driver's SIGINT / SIGTERM handlers (``ulorl.scale.interrupt``),
+    installed for the run: a first signal while the trainer runs stops it after its step (the result is
+    ``interrupted``); one before, or a second one, raises :class:`PlacementInterrupted`.
     """
     validate_layout(cfg)
-    # keeps a local Ray on 127.0.0.1 (STACK.md); must be set before ray is imported
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
     from ray.util.queue import Queue
 
@@ -684,7 +707,19 @@ def run_placement(
     strategy = placement_strategy(cfg)
     n, m = r.trainer_workers, r.rollout_engines
 
-    started, addr = _start_ray(address)
+    trainer_uri = uri
+    if signals is not None:
+        signals.install()   # kept through ray.init (ulorl.scale.local_ray)
+    try:
+        started, addr = _start_ray(address)
+    except BaseException:
+        if signals is not None:
+            signals.restore()
+            if signals.hard:   # Ctrl-C / SIGTERM while Ray started
+                raise PlacementInterrupted(signals.signum, rdir, None, 0) from None
+        raise
+    run_id: Optional[str] = None
+    steps = 0
     own_pg = None
     server: Any = None                   # the store's server when rank 0 is on another node
     saved_env: dict[str, Optional[str]] = {}
@@ -731,7 +766,8 @@ def run_placement(
                   f"{params['placement.nodes_used']} node(s), run dir {rdir}", file=sys.stderr)
 
         queue = Queue(actor_options={"num_cpus": 0})
-        actors.append(queue.actor)
+        stop = Queue(actor_options={"num_cpus": 0})   # the driver's signal, for trainer rank 0
+        actors += [queue.actor, stop.actor]
         futures = []
         for i, w in enumerate(workers):
             env = _worker_env(i, trainer_info, master, r.gpus_per_trainer_worker > 0)
@@ -740,13 +776,17 @@ def run_placement(
             if i == 0:
                 kwargs.update(trainer_kwargs)
                 env.update(credentials)  # rank 0 writes to MLflow; in the call, never in a logged runtime_env
-            futures.append(w.run.remote(cfg_dict, env, kwargs, engines if i == 0 else [], queue if i == 0 else None))
-
+            futures.append(w.run.remote(cfg_dict, env, kwargs, engines if i == 0 else [], queue if i == 0 else None,
+                                        stop if i == 0 else None))
+        if signals is not None:
+            signals.training = True
         logged = False
+        handed_on = False
 
         def on_step(item: tuple[Any, ...]) -> None:
-            nonlocal logged
+            nonlocal logged, run_id, steps
             run_id, step, metrics, ckpt = item
+            steps = step
             if not logged and run_id:
                 logged = _log_placement_params_or_warn(trainer_uri, run_id, params)
             if progress:
@@ -755,13 +795,28 @@ def run_placement(
             if step_callback is not None:
                 step_callback(step, metrics, Path(ckpt) if ckpt else None)
 
-        _wait_draining(futures, queue, on_step)
+        def on_tick() -> None:
+            nonlocal handed_on
+            if signals is not None and signals.received is not None and not handed_on:
+                handed_on = True
+                stop.put(signals.received)
+                print(f"ulorl-train --ray: signal {signals.received} received: the trainer finishes its step, "
+                      "checkpoints and stops (a second signal stops at once)", file=sys.stderr, flush=True)
+
+        _wait_draining(futures, queue, on_step, on_tick)
         out = ray.get(futures[0])
         if out["run_id"] and not logged:
             _log_placement_params_or_warn(trainer_uri, out["run_id"], params)
         return PlacementResult(run_id=out["run_id"], run_dir=Path(out["run_dir"]), steps=out["steps"],
                                interrupted=out["interrupted"], tracking_uri=uri, params=params,
                                last_metrics=out["last_metrics"])
+    except BaseException:
+        if signals is None or not signals.hard:
+            raise
+        _release(engines, actors, own_pg, started)   # before the run is marked: its trainer may still write
+        actors, engines, own_pg = [], [], None
+        _mark_killed(trainer_uri, run_id)   # through the server when there is one (still up here)
+        raise PlacementInterrupted(signals.signum, rdir, run_id, steps) from None
     finally:
         _release(engines, actors, own_pg, started)
         if server is not None:
@@ -771,25 +826,46 @@ def run_placement(
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+        if signals is not None:
+            signals.restore()
 
 
-def run_with_placement(cfg: ExperimentConfig, args: Any, store_server: Optional[Callable[..., Any]] = None) -> int:
-    """``ulorl-train EXP.yaml --ray [--address ADDR]``: exit status 0, 2 (bad input/placement), 130.
-    ``store_server``: how to serve a local tracking store to a rank 0 on another node (``run_placement``)."""
+def run_with_placement(cfg: ExperimentConfig, args: Any, store_server: Optional[Callable[..., Any]] = None, *,
+                       again: Callable[[dict[str, str]], str]) -> int:
+    """``ulorl-train EXP.yaml --ray [--address ADDR]``: exit status 0, 2 (bad input/placement), 128 + the
+    signal that stopped it (130 Ctrl-C, 143 SIGTERM). ``store_server``: how to serve a local tracking store to
+    a rank 0 on another node (``run_placement``); ``again``: this invocation's command with ``--resume`` /
+    ``--run-dir`` set as given (``ulorl.cli.train.run_again``), printed when the run is interrupted."""
     from ulorl.config import ConfigError
+    from ulorl.train.checkpoint import latest_checkpoint
 
+    signals = DriverSignals()
     try:
         res = run_placement(cfg, address=args.address, run_dir=args.run_dir, resume=args.resume,
                             tracking_uri=args.tracking_uri, progress=not args.no_progress,
-                            allow_config_change=args.allow_config_change, store_server=store_server)
+                            allow_config_change=args.allow_config_change, store_server=store_server,
+                            signals=signals)
     except (PlacementError, FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2
-    state = "interrupted (checkpoint saved; continue with --resume)" if res.interrupted else "finished"
-    print(f"run {res.run_id} {state} after {res.steps} steps")
+    except PlacementInterrupted as exc:
+        killed = f"; run {exc.run_id} is marked KILLED" if exc.run_id else ""
+        if latest_checkpoint(exc.run_dir) is not None:
+            print(f"ulorl-train: interrupted (signal {exc.signum}) after {exc.steps} step(s), the trainer stopped at "
+                  f"once{killed}; continue from its last checkpoint with:\n  {again({'--resume': str(exc.run_dir)})}",
+                  file=sys.stderr)
+        else:
+            print(f"ulorl-train: interrupted (signal {exc.signum}) before the first checkpoint{killed}; nothing to "
+                  f"resume, start again with:\n  {again({'--run-dir': str(exc.run_dir)})}", file=sys.stderr)
+        return 128 + exc.signum
+    if res.interrupted:
+        print(f"run {res.run_id} interrupted after {res.steps} steps (checkpoint saved); continue with:\n"
+              f"  {again({'--resume': str(res.run_dir)})}")
+    else:
+        print(f"run {res.run_id} finished after {res.steps} steps")
     print(f"  placement: {res.params.get('placement.trainer_workers')} trainer worker(s) + "
           f"{res.params.get('placement.rollout_engines')} engine(s), strategy {res.params.get('placement.strategy')}, "
           f"Ray {res.params.get('placement.address')}")
     print(f"  tracking: {res.tracking_uri}")
     print(f"  checkpoints: {res.run_dir / 'checkpoints'}")
-    return 130 if res.interrupted else 0
+    return 128 + signals.signum if res.interrupted else 0

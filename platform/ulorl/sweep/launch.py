@@ -27,6 +27,7 @@ from typing import Any, Optional, TextIO
 
 from ulorl.config import ExperimentConfig, apply_overrides, config_from_dict
 from ulorl.quiet import quiet_libraries
+from ulorl.scale.local_ray import LocalRayError, init_ray
 from ulorl.scale.placement import PlacementError
 from ulorl.sweep import plan, prune, tuners
 from ulorl.sweep.capture import OutputCapture
@@ -324,7 +325,6 @@ class SweepRunner:
         """Run (or, with ``resume``, continue) the sweep and return its summary (:func:`ulorl.sweep.summary.summarize`
         plus ``errors``, ``parent_run_id``, ``sweep_dir``). Raises :class:`SweepInterrupted` when
         stopped by SIGINT, :class:`SweepAlreadyFinished` on a resume of a finished sweep."""
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         # Ctrl-C must reach the driver as KeyboardInterrupt: Tune's own SIGINT handler ends fit() as if the
         # sweep were done (stopped trials can look finished or failed), and the summary would follow.
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
@@ -398,12 +398,11 @@ class SweepRunner:
             parent = self._parent_run()
             runtime_env = {"env_vars": self._trial_env()}
             with _secrets_hidden_from_children(self._secret_vars()):   # Ray's processes inherit the environment
-                if self.address:
-                    ray.init(address=self.address, include_dashboard=False, log_to_driver=True,
-                             runtime_env=runtime_env)
-                else:
-                    ray.init(num_cpus=self.num_cpus or os.cpu_count(), include_dashboard=False,
-                             log_to_driver=True, ignore_reinit_error=True, runtime_env=runtime_env)
+                try:   # a local Ray on 127.0.0.1 only (--address: the user's cluster); SIGTERM stays ours
+                    init_ray(self.address, log_to_driver=True, runtime_env=runtime_env,
+                             **({} if self.address else {"num_cpus": self.num_cpus or os.cpu_count()}))
+                except LocalRayError as exc:
+                    raise SweepError(str(exc)) from None
             try:
                 check_trials_fit(self._trial_configs())
             except PlacementError as exc:

@@ -44,6 +44,7 @@ position for token 0, the previous token's decode step after), Int[tokens, layer
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -252,8 +253,13 @@ class HFEngine(EngineBase):
         was_training = self.model.training
         if self.fast is None:
             self.model.eval()  # the model's own forward: no dropout while decoding
+        # the model's own forward computes in ``dtype`` under autocast when it differs from the weights' (the fast
+        # path packs its weights in it instead): a bf16 engine against a float32 trainer, MoE routers included
+        model_dtype = next(self.model.parameters()).dtype
+        cast = (torch.autocast(self.device.type, dtype=self.dtype) if self.fast is None and self.dtype != model_dtype
+                else contextlib.nullcontext())
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), cast:
                 for b0 in range(0, len(rows), cap):
                     batch = rows[b0:b0 + cap]
                     out = self._run_batch(batch, sampling, stats)

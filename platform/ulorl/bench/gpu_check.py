@@ -70,19 +70,20 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 STAGES: tuple[str, ...] = ("env", "model", "hf_engine", "zero2", "zero3", "long_update", "long_rows", "vllm",
-                           "vllm_moe", "trainer", "ray")
+                           "vllm_moe", "vllm_colocate", "trainer", "ray")
 #: the run without --stages (long_rows is a float32 stand-in that long_update replaces; run it by name)
 DEFAULT_STAGES: tuple[str, ...] = tuple(s for s in STAGES if s != "long_rows")
 NEEDS: dict[str, tuple[str, ...]] = {"hf_engine": ("model",), "zero2": ("model",), "zero3": ("model",),
-                                     "vllm": ("model",), "trainer": ("model",)}
+                                     "vllm": ("model",), "vllm_colocate": ("model",), "trainer": ("model",)}
 # packages (import names) a stage cannot run without: absent, the stage fails unless --allow-missing names it
 REQUIRES: dict[str, tuple[str, ...]] = {
     "model": ("pydantic",), "hf_engine": ("pydantic",), "zero2": ("pydantic", "deepspeed"),
     "zero3": ("pydantic", "deepspeed"), "long_update": ("pydantic", "deepspeed"), "long_rows": ("pydantic",),
-    "vllm": ("pydantic", "vllm"), "vllm_moe": ("pydantic", "vllm"),
+    "vllm": ("pydantic", "vllm"), "vllm_moe": ("pydantic", "vllm"), "vllm_colocate": ("pydantic", "vllm"),
     "trainer": ("pydantic", "deepspeed", "mlflow", "sqlalchemy", "alembic", "math_verify"), "ray": ("ray",)}
 LIMIT_S: dict[str, float] = {"env": 60, "model": 60, "hf_engine": 60, "zero2": 120, "zero3": 120,
-                             "long_update": 150, "long_rows": 150, "vllm": 200, "vllm_moe": 120, "trainer": 120,
+                             "long_update": 150, "long_rows": 150, "vllm": 200, "vllm_moe": 120,
+                             "vllm_colocate": 150, "trainer": 120,
                              "ray": 90}
 DEFAULT_BUDGET_S = 300.0
 #: --device cpu (testing the script): stage limits scaled by this (a CPU is slower; nothing is timed there)
@@ -679,6 +680,57 @@ def stage_vllm_moe(ctx: StageContext) -> dict[str, Any]:
     return out
 
 
+def stage_vllm_colocate(ctx: StageContext, cycles: int = 2) -> dict[str, Any]:
+    """A colocated engine (sleep mode) beside the trainer's state on the same GPU, as a run has it: the HF
+    policy resident with its gradients; per cycle the engine sleeps, a training step allocates what a step
+    does (forward / backward, AdamW's moments at the first ``step``), the new weights are pushed (which
+    wakes the engine: weights, load, KV cache), and vLLM's greedy decode must agree with HF's on the new
+    weights. Free memory is recorded at each point. GPU only: vLLM's CPU build has no sleep mode."""
+    import torch
+
+    from ulorl.config import RolloutConfig
+    from ulorl.models.loading import load_policy
+    from ulorl.rollout.engines import make_engine
+    from ulorl.rollout.engines.vllm import COLOCATE_CPU_MESSAGE
+
+    if not ctx.on_cuda:
+        return {"ran": False, "note": COLOCATE_CPU_MESSAGE}
+    dtype = ctx.vllm_dtype
+    out: dict[str, Any] = {"dtype": dtype, "cycles": []}
+    policy, tok = load_policy(str(ctx.model_dir), dtype=dtype, device=str(ctx.device))
+    hf = make_engine(RolloutConfig(device=str(ctx.device)), policy, tok)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    out["free_before_engine_gib"] = round(_free_gib(ctx), 2)
+    eng = _vllm_engine(ctx, ctx.model_dir, eos_token_id=tok.eos_token_id, dtype=dtype, colocate=True)
+    try:
+        requests = greedy_requests(tok)
+        out["agreement"] = required(compare_greedy(ctx, policy, hf, eng, requests, dtype),
+                                    f"colocated vLLM vs HF greedy ({dtype})")
+        batch = torch.tensor([tok.encode("Compute 3 + 4 = 7. " * 16)], device=ctx.device)
+        for c in range(cycles):
+            rec: dict[str, Any] = {"cycle": c}
+            eng.sleep()
+            rec["free_asleep_gib"] = round(_free_gib(ctx), 2)
+            policy.train()
+            loss = policy(input_ids=batch, labels=batch).loss
+            loss.backward()
+            opt.step()            # AdamW's moments appear here, at the first step, as in a run
+            policy.eval()
+            rec["free_after_step_gib"] = round(_free_gib(ctx), 2)
+            t0 = time.perf_counter()
+            state = {k: v.detach() for k, v in policy.state_dict().items()}
+            eng.update_weights(state, version=c + 1)      # wakes weights, loads, wakes the KV cache
+            rec["wake_update_s"] = round(time.perf_counter() - t0, 2)
+            rec["free_awake_gib"] = round(_free_gib(ctx), 2)
+            hf.update_weights(state, c + 1)
+            rec["agreement"] = required(compare_greedy(ctx, policy, hf, eng, requests, dtype),
+                                        f"colocated vLLM vs HF greedy after wake {c + 1} ({dtype})")
+            out["cycles"].append(rec)
+    finally:
+        eng.close()
+    return out
+
+
 def stage_trainer(ctx: StageContext) -> dict[str, Any]:
     from mlflow.tracking import MlflowClient
 
@@ -736,7 +788,7 @@ def stage_ray(ctx: StageContext) -> dict[str, Any]:
 STAGE_FNS: dict[str, Callable[[StageContext], dict[str, Any]]] = {
     "env": stage_env, "model": stage_model, "hf_engine": stage_hf_engine, "zero2": stage_zero2, "zero3": stage_zero3,
     "long_update": stage_long_update, "long_rows": stage_long_rows,
-    "vllm": stage_vllm, "vllm_moe": stage_vllm_moe, "trainer": stage_trainer,
+    "vllm": stage_vllm, "vllm_moe": stage_vllm_moe, "vllm_colocate": stage_vllm_colocate, "trainer": stage_trainer,
     "ray": stage_ray,
 }
 

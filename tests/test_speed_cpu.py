@@ -120,3 +120,16 @@ def test_a_real_run_logs_cpu_seconds_and_load_in_mlflow(tmp_path):
     assert lag0 and set(lag0) == {k for k, v in released.items() if v > 0} and all(0 <= v <= 1 for v in lag0.values())
     st = speed.run_speed(wall, 1, step_cpu_s=cpu, eval_cpu_s=ev_cpu, load=load)
     assert st is not None and st.median_step_cpu_s > 0 and math.isfinite(st.load)
+
+
+def test_overlapped_runs_get_their_own_rows_beside_the_synchronous_ones():
+    runs = pd.DataFrame({"run_id": ["a", "b", "c", "d"],
+                         frames.param_col("rollout.segments"): ["1", "4", "1", "4"],
+                         frames.param_col("rollout.batching"): ["compact"] * 4,
+                         frames.param_col("rollout.schedule"): ["sync", "sync", "overlap", None]})
+    rows = [{"run_id": rid, "metric": speed.STEP_TIME, "step": st, "value": v, "timestamp": st}
+            for rid, v in (("a", 1.0), ("b", 2.0), ("c", 0.5), ("d", 4.0)) for st in range(1, 7)]
+    table = frames.speedup_table(frames.rollout_stats(pd.DataFrame(rows)), runs).set_index(["batching", "segments"])
+    assert table.loc[("compact + overlap", 1), "median_step_s"] == 0.5
+    assert table.loc[("compact", 4), "runs"] == 2                     # no schedule logged: synchronous
+    assert table.loc[("compact", 4), "step_speedup"] == pytest.approx(1.0 / 3.0)   # median of 2 and 4 = 3

@@ -290,6 +290,9 @@ def rollout_stats(hist: pd.DataFrame, skip: Optional[dict[str, int]] = None) -> 
     return pd.DataFrame(rows, columns=cols)
 
 
+OVERLAP_SUFFIX = " + overlap"   # the batching label of rollout.schedule=overlap runs on the Speedup page
+
+
 def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """Time per step and throughput by (batching, segments), relative to S = 1 of the same batching.
 
@@ -301,6 +304,8 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     trained_per_cpu_s, load (medians of the per-run values), cpu_speedup (= median_step_cpu_s at S=1 /
     median_step_cpu_s) and trained_cpu_x (= trained_per_cpu_s / that at S=1); the relative columns are
     NaN when the batching has no S = 1 run (the CPU ones also when either side logged no CPU seconds).
+    Runs with ``rollout.schedule=overlap`` get the batching label ``<batching> + overlap``: their own rows,
+    compared with their own S = 1.
     """
     cols = ["batching", "segments", "runs", "median_step_s", "finished_per_s", "trained_per_s", "step_speedup",
             "throughput_x", "trained_x", "median_step_cpu_s", "trained_per_cpu_s", "cpu_speedup", "trained_cpu_x",
@@ -313,6 +318,10 @@ def speedup_table(stats: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         "segments": pd.to_numeric(runs[seg_col], errors="coerce") if seg_col in runs else np.nan,
         "batching": runs[bat_col].fillna("(unset)") if bat_col in runs else "(unset)",
     })
+    sched_col = param_col("rollout.schedule")
+    if sched_col in runs:   # overlapped runs form their own rows, against their own S = 1
+        meta["batching"] = meta["batching"].where(runs[sched_col].fillna("sync").to_numpy() != "overlap",
+                                                  meta["batching"] + OVERLAP_SUFFIX)
     for c in ("trained_per_s", "median_step_cpu_s", "trained_per_cpu_s", "load"):
         if c not in stats:
             stats = stats.assign(**{c: np.nan})

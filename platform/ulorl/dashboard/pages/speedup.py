@@ -71,7 +71,9 @@ def render() -> None:
     stats = stats[stats["steps"] > 0]
     st.caption("Shown figure: CPU seconds of the trainer process per step (`time/step_cpu_s`) when both sides "
                "logged them, since wall times of runs at different moments of a shared machine differ with its "
-               "load; the wall figure follows with the mean load average (`sys/load1`) each side ran under.")
+               "load; the wall figure follows with the mean load average (`sys/load1`) each side ran under. "
+               f"Runs with `rollout.schedule: overlap` have rows of their own (batching `...{frames.OVERLAP_SUFFIX}`), "
+               "against their own S = 1: sync and overlap side by side.")
     st.caption(f"Window: {WINDOWS[window]}. Budget: per run, its own logged steps; throughput columns are "
                "per second of step time (finished = rollout/finished, trained = train/samples; held-out "
                "evaluation time left out), so runs of different length and S compare at equal time, not equal "

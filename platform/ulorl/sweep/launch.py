@@ -105,7 +105,7 @@ def _secrets_hidden_from_children(names: tuple[str, ...]) -> Iterator[None]:
 
 
 class SweepInterrupted(Exception):
-    """The sweep was stopped (Ctrl-C / SIGINT) before every trial finished: its parent run is KILLED,
+    """The sweep was stopped (Ctrl-C / SIGINT, or SIGTERM) before every trial finished: its parent run is KILLED,
     ``ulorl-sweep SPEC --resume`` continues it."""
 
     def __init__(self, unfinished: list[str], not_started: int, parent_run_id: Optional[str], sweep_dir: Path,
@@ -324,7 +324,7 @@ class SweepRunner:
     def run(self) -> dict[str, Any]:
         """Run (or, with ``resume``, continue) the sweep and return its summary (:func:`ulorl.sweep.summary.summarize`
         plus ``errors``, ``parent_run_id``, ``sweep_dir``). Raises :class:`SweepInterrupted` when
-        stopped by SIGINT, :class:`SweepAlreadyFinished` on a resume of a finished sweep."""
+        stopped by SIGINT or SIGTERM, :class:`SweepAlreadyFinished` on a resume of a finished sweep."""
         # Ctrl-C must reach the driver as KeyboardInterrupt: Tune's own SIGINT handler ends fit() as if the
         # sweep were done (stopped trials can look finished or failed), and the summary would follow.
         os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"

@@ -64,27 +64,31 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2
+    from ulorl.cli.checks import tracking_uri_problem, uri_source
+    from ulorl.models.loading import ModelLoadError
+    from ulorl.tracking import require_store_folder, resolve_tracking_uri
+
+    try:  # before any work, --ray and --dry-run included: a URI MLflow cannot open, a missing or read-only store
+        uri = resolve_tracking_uri(args.tracking_uri, cfg.tracking.uri)
+        problem = tracking_uri_problem(uri, uri_source(args.tracking_uri, cfg.tracking.uri))
+        if problem:
+            raise ValueError(problem)
+        require_store_folder(uri)
+        if args.dry_run and not args.address:   # what the run checks before a model loads (not a cluster's paths)
+            from ulorl.train.run_inputs import check_run_inputs
+
+            check_run_inputs(cfg)
+    except (FileNotFoundError, ValueError, ModelLoadError) as exc:
+        print(f"ulorl-train: {exc}", file=sys.stderr)
+        return 2
     if args.dry_run:
         from ulorl.cli.plan import describe_plan
-
         from ulorl.cli.preflight_text import describe_preflight
 
         print(config_to_yaml(cfg))
         print(describe_preflight(cfg))   # before the plan: "# plan" stays the last section, JSON to the end
         print(describe_plan(cfg))
         return 0
-    from ulorl.cli.checks import tracking_uri_problem, uri_source
-    from ulorl.tracking import require_store_folder, resolve_tracking_uri
-
-    try:  # before any work, --ray included: a URI MLflow cannot open, a missing or read-only store folder
-        uri = resolve_tracking_uri(args.tracking_uri, cfg.tracking.uri)
-        problem = tracking_uri_problem(uri, uri_source(args.tracking_uri, cfg.tracking.uri))
-        if problem:
-            raise ValueError(problem)
-        require_store_folder(uri)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"ulorl-train: {exc}", file=sys.stderr)
-        return 2
     if args.ray:
         from ulorl.scale.placement import run_with_placement
         from ulorl.sweep.server import MlflowServer
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         again = run_again(args, {"--resume": str(exc.previous)} if exc.previous else {})
         print(f"ulorl-train: {exc}:\n  {again}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ConfigError, ValueError) as exc:
+    except (FileNotFoundError, ConfigError, ValueError, ModelLoadError) as exc:
         print(f"ulorl-train: {exc}", file=sys.stderr)
         return 2
     except CheckpointSpaceError as exc:

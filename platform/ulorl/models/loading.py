@@ -52,6 +52,27 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def missing_local_model(name_or_path: str) -> Optional[str]:
+    """Why ``name_or_path`` names a local model folder that does not exist (None: it exists, or it is an
+    embedded model or a hub id). A value is taken for a local path when it is absolute, starts with ``.``
+    or ``~``, holds more than one separator, or its first folder exists here (``runs/narrow`` with a
+    ``runs/``); an ``org/name`` whose ``org`` is no folder here is a hub id. The run (:func:`load_policy`)
+    and ``ulorl-train --dry-run`` ask this same question."""
+    if parse_embedded(name_or_path) is not None or os.path.sep not in name_or_path:
+        return None
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return None
+    first = Path(name_or_path).parts[0]
+    local = (path.is_absolute() or name_or_path.startswith((".", "~")) or name_or_path.count(os.path.sep) > 1
+             or Path(first).is_dir())
+    if not local:
+        return None
+    return (f"model path does not exist: {name_or_path}" + ("" if path.is_absolute() else f" (from {Path.cwd()})")
+            + "; give the folder that holds the model's config.json and weights (build or copy it there first), "
+            "embedded, or a hub id")
+
+
 def load_tokenizer(name_or_path: str = EMBEDDED, padding_side: str = "left", trust_remote_code: bool = False):
     """Tokenizer with ``padding_side`` set at load (it is not kept when set afterwards)."""
     from transformers import AutoTokenizer
@@ -88,8 +109,9 @@ def load_policy(
     if dtype not in _DTYPES:
         raise ModelLoadError(f"model.dtype must be one of {_DTYPES}, got {dtype!r}")
     path = resolve_model_path(name_or_path)
-    if path == name_or_path and os.path.sep in name_or_path and not Path(path).exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
+    missing = missing_local_model(name_or_path) if path == name_or_path else None
+    if missing:
+        raise ModelLoadError(missing)
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 import torch
 
 from ulorl.config import ExperimentConfig
-from ulorl.eval.final import final_bench, final_items
+from ulorl.eval.final import final_bench
 from ulorl.eval.runner import evaluate, split_result
 from ulorl.reward import RewardScorer
 from ulorl.reward.judge import judge_from_config
@@ -43,9 +43,10 @@ from ulorl.train.distributed import dist_env, launch_role
 from ulorl.train.entropy_probe import probed_update
 from ulorl.train.fill import merge_round_metrics
 from ulorl.train.progress import TrainProgress
-from ulorl.train.prompts import PromptStream, load_items
+from ulorl.train.prompts import PromptStream
 from ulorl.train.record import RunRecord, load_metrics, rollout_metrics, update_metrics
 from ulorl.train.resume import check_resume_config
+from ulorl.train.run_inputs import check_run_inputs
 from ulorl.train.sequence_parallel import check_sequence_parallel
 from ulorl.train.staleness import staleness_metrics
 from ulorl.train.update import (
@@ -221,17 +222,10 @@ class Trainer:
         seed_everything(cfg.train.seed)
         self.device = torch.device(cfg.rollout.device)
 
-        # data first: a missing file must fail before any model work
-        self.train_items = load_items(cfg.data.train, cfg.data, "train")
-        self.heldout_items = load_items(cfg.data.heldout, cfg.data, "heldout") \
-            if cfg.eval.every or cfg.eval.final.k else []
-        n_eval = min(len(self.heldout_items), cfg.eval.num_problems or len(self.heldout_items))
-        # eval.final: problems no periodic eval scores (ulorl.eval.final); a shortfall fails before model work
-        self.final_items = final_items(self.heldout_items, n_eval if cfg.eval.every else 0,
-                                       cfg.eval.final.num_problems) if cfg.eval.final.k else []
-        if cfg.eval.every and cfg.eval.select_problems and cfg.eval.select_problems >= n_eval:
-            raise ValueError(f"eval.select_problems ({cfg.eval.select_problems}) must be below the {n_eval} held-out "
-                             f"problems evaluated ({cfg.data.heldout}): the rest are the confirmation problems")
+        # a missing model folder or data file, too few held-out problems: refused before any model work, by the
+        # function that answers ulorl-train --dry-run too (ulorl.train.run_inputs)
+        items = check_run_inputs(cfg)
+        self.train_items, self.heldout_items, self.final_items = items.train, items.heldout, items.final
 
         model, tokenizer = load_train_model(cfg, self.device)  # ZeRO-3: partitioned while loading
         self.tokenizer = tokenizer

@@ -71,9 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     from ulorl.sweep.spec import SweepError, load_sweep, with_seed_offsets
 
     try:
-        spec, base_path, _ = load_sweep(args.sweep)
+        spec, base_path, base = load_sweep(args.sweep)
         if args.seeds is not None:
             spec = with_seed_offsets(spec, args.seeds)
+        from ulorl.sweep.plan import missing_model_problem
+
+        missing = missing_model_problem(spec, base, args.sweep, absolute_too=not args.address)
+        if missing:   # dry run and start alike: a trial would fail at once, then be retried
+            raise SweepError(missing)
         if args.num_cpus is not None and args.num_cpus < 1:
             raise SweepError(f"--num-cpus must be at least 1, got {args.num_cpus}; leave it out to give Ray every "
                              f"CPU of this machine ({os.cpu_count()})")

@@ -15,6 +15,8 @@ from ulorl.sweep import ranking
 from ulorl.sweep.spec import SweepSpec, grid_trials, values_summary
 from ulorl.tracking import schema
 
+MODEL_KEY = "model.name_or_path"
+
 
 def search_count(spec: SweepSpec) -> int:
     """Trials of the searcher phase (grid: every grid point x ``num_samples``)."""
@@ -83,3 +85,50 @@ def describe_trial(spec: SweepSpec, config: dict[str, Any]) -> tuple[str, str]:
         parts = (t["variant"], values_summary(searched), f"seed+{rep}" if rep else "")
         return schema.ROLE_SEARCH, " ".join(x for x in parts if x)
     return schema.ROLE_SEARCH, values_summary({k: config[k] for k in space if k in config})
+
+
+def model_paths(spec: SweepSpec, base: dict[str, Any]) -> dict[str, str]:
+    """``{model.name_or_path value: where the sweep gives it}`` over every trial it can run: the base with the
+    fixed overrides, each variant, the baseline, each reference and each value a search space offers."""
+    from ulorl.config import apply_overrides
+
+    fixed = dict(spec.overrides)
+
+    def value(overrides: dict[str, Any]) -> Any:
+        return (apply_overrides(base, {**fixed, **overrides}).get("model") or {}).get("name_or_path")
+
+    sources: list[tuple[str, dict[str, Any]]] = [("the base with overrides", {})]
+    sources += [(f"variants[{i}] ({v.name})", dict(v.overrides)) for i, v in enumerate(spec.variants)]
+    if spec.baseline is not None:
+        sources.append(("baseline", dict(spec.baseline.overrides)))
+    sources += [(f"references[{i}] ({r.name})", dict(r.overrides)) for i, r in enumerate(spec.references)]
+    if MODEL_KEY in spec.space:
+        sources += [(f"space.{MODEL_KEY}", {MODEL_KEY: v}) for v in spec.space[MODEL_KEY].probe_values()]
+    out: dict[str, str] = {}
+    for where, overrides in sources:
+        v = value(overrides)
+        if isinstance(v, str) and v not in out:
+            out[v] = where
+    return out
+
+
+def missing_model_problem(spec: SweepSpec, base: dict[str, Any], sweep_path: str, *,
+                          absolute_too: bool = True) -> Optional[str]:
+    """Why a trial of the sweep would fail at once, before any trial starts: a ``model.name_or_path`` that
+    names a local folder which does not exist (relative to this folder, the driver's, against which a
+    trial's relative paths are made absolute: ``ulorl.sweep.trial.absolute_local_paths``). Without the
+    check the trial fails in Tune, is retried from a checkpoint it never wrote, and the summary names Ray's
+    process instead of the path. ``absolute_too=False`` (a cluster's ``--address``): an absolute path
+    may exist on its nodes only, so only relative ones are checked. None when every path can load."""
+    from pathlib import Path
+
+    from ulorl.models.loading import missing_local_model
+
+    for value, where in model_paths(spec, base).items():
+        if not absolute_too and Path(value).expanduser().is_absolute():
+            continue
+        missing = missing_local_model(value)
+        if missing:
+            return (f"{sweep_path}: {where}: {MODEL_KEY}: {missing}; every trial with it would fail (a folder a "
+                    "sweep file names must be built first: its comment has the command)")
+    return None

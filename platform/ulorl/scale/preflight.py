@@ -56,8 +56,9 @@ NODE_HOST_MEMORY_GIB = 2048.0
 MQ_BROADCAST_CHUNK_MB = 16
 #: under ZeRO-3, transformers < 5.20 (the versions vLLM 0.32 allows) merges every checkpoint file into
 #: one CPU state dict on every rank (``modeling_utils.py``, ``map_location="cpu"``) and fuses MoE experts
-#: on each; 5.25 maps ranks > 0 to "meta". True: every trainer rank of a node reads it
-ZERO3_EVERY_RANK_READS = True
+#: on each; ulorl gives ranks > 0 the checkpoint's meta state dict instead (``train.worker``,
+#: ``checkpoint_meta_state_dict``) when it is a local folder or already in the HF cache: one reader
+ZERO3_EVERY_RANK_READS = False
 
 
 @dataclass(frozen=True)

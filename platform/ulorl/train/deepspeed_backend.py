@@ -32,7 +32,9 @@
   ``save_model`` gathered per bucket.
 * ZeRO-3 partitioned load: ``zero3_load(ds_config)`` around ``from_pretrained`` / ``from_config``
   makes transformers build the model under ``deepspeed.zero.Init`` (each rank allocates only its
-  partition; transformers reads the checkpoint on rank 0 and scatters it parameter by parameter).
+  partition; rank 0 copies the checkpoint's values into each gathered module, which is then
+  re-partitioned). Transformers 5.16-5.19 (vLLM 0.32's range) would read the whole checkpoint, and fuse
+  MoE experts, on every rank: ranks > 0 get ``checkpoint_meta_state_dict`` instead (``train.worker``).
   A model that arrives partitioned is wrapped as it is; one that arrives whole is partitioned by
   ``deepspeed.initialize`` (every rank held the whole model until then).
 
@@ -451,3 +453,63 @@ def hold_while_consumed(buckets: Iterable[list[tuple[str, torch.nn.Parameter]]],
         with gather(bucket):
             yield bucket
             synchronize(bucket)
+
+
+#: safetensors header dtypes -> torch (the ones a causal LM checkpoint holds)
+_SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+#: model types whose checkpoints hold no persistent buffers: transformers < 5.20 copies checkpoint buffers
+#: on every rank (``buf.copy_``), which a meta tensor cannot feed
+META_LOAD_MODEL_TYPES = ("qwen3", "qwen3_moe", "qwen2", "qwen2_moe", "llama")
+
+
+def _cached_snapshot(repo_id: str) -> Optional[Path]:
+    """The local Hugging Face cache's snapshot folder of ``repo_id`` when its config is there (never downloads)."""
+    if repo_id.count("/") != 1 or repo_id.startswith((".", "/")):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:   # pragma: no cover - comes with transformers
+        return None
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return Path(found).parent if isinstance(found, str) else None
+
+
+def checkpoint_meta_state_dict(model_dir: str | Path) -> Optional[dict[str, torch.Tensor]]:
+    """The checkpoint of a local folder as meta tensors (names, shapes, dtypes from the safetensors
+    headers; no tensor data read), or None where a rank must read the checkpoint itself: no local
+    ``config.json`` with a model type of ``META_LOAD_MODEL_TYPES``, or no ``*.safetensors`` file. A hub
+    id is looked up in the local Hugging Face cache (download it before the run: otherwise every rank
+    fetches and reads it).
+
+    Why: under ZeRO-3, transformers 5.16-5.19 (the versions vLLM 0.32 allows) merges every checkpoint
+    file into one CPU state dict on EVERY rank (``modeling_utils.py``, ``map_location="cpu"``) and
+    fuses a MoE model's experts into new tensors on each, though only rank 0 copies values into the
+    gathered parameters (``integrations/deepspeed.py``, ``_load_state_dict_into_zero3_model``). Ranks > 0
+    given this dict instead walk the same modules and gathers with no data (transformers 5.25 does the
+    same itself: ``map_location="meta"`` on ranks > 0)."""
+    from safetensors import safe_open
+
+    d = Path(model_dir)
+    if not d.is_dir():
+        d = _cached_snapshot(str(model_dir)) or d
+    files = sorted(d.glob("*.safetensors"))
+    index = d / "model.safetensors.index.json"
+    if index.is_file():   # a sharded checkpoint: every shard it names must be there (a download in progress)
+        names = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        if not names or not all((d / n).is_file() for n in names):
+            return None
+        files = sorted(d / n for n in names)
+    cfg_file = d / "config.json"
+    if not files or not cfg_file.is_file():
+        return None
+    if json.loads(cfg_file.read_text()).get("model_type") not in META_LOAD_MODEL_TYPES:
+        return None
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for key in h.keys():
+                sl = h.get_slice(key)
+                out[key] = torch.empty(sl.get_shape(), dtype=_SAFETENSORS_DTYPES[sl.get_dtype()], device="meta")
+    return out

@@ -28,7 +28,13 @@ from ulorl.config import ExperimentConfig
 from ulorl.models.loading import _apply_rope_scaling, load_policy, load_tokenizer, resolve_model_path
 from ulorl.rollout.engines.vllm import PolicySpec
 from ulorl.rollout.weight_sync import bucket_bytes_from_mb
-from ulorl.train.deepspeed_backend import DeepSpeedBackend, deepspeed_config, full_nbytes, zero3_load
+from ulorl.train.deepspeed_backend import (
+    DeepSpeedBackend,
+    checkpoint_meta_state_dict,
+    deepspeed_config,
+    full_nbytes,
+    zero3_load,
+)
 from ulorl.train.distributed import dist_env, ensure_process_group
 from ulorl.train.update import UpdateContext, policy_update
 
@@ -95,14 +101,44 @@ def load_train_model(cfg: ExperimentConfig, device: str | torch.device) -> tuple
 
     Under ZeRO-3 (``train.backend=deepspeed``, ``zero_stage: 3``) the model is created partitioned:
     each rank allocates only its share of every parameter while the weights load (transformers'
-    ``deepspeed.zero.Init`` path, rank 0 reading the checkpoint), instead of every rank loading the
-    whole model and ``deepspeed.initialize`` partitioning it afterwards. Other backends: ``load_model``.
+    ``deepspeed.zero.Init`` path), instead of every rank loading the whole model and
+    ``deepspeed.initialize`` partitioning it afterwards. Only rank 0 reads the checkpoint: ranks > 0
+    load from its meta state dict (``checkpoint_meta_state_dict``; transformers < 5.20 would otherwise
+    read it whole, and fuse MoE experts, on every rank). Other backends: ``load_model``.
     """
     if not is_zero3(cfg):
         return load_model(cfg, device)
     ensure_process_group(torch.device(device).type)   # zero.Init partitions over the process group
+    meta = None
+    if dist_env().rank > 0:   # one reader per run: ranks > 0 get the checkpoint's names and shapes only
+        meta = checkpoint_meta_state_dict(resolve_model_path(cfg.model.name_or_path))
     with zero3_load(deepspeed_config(cfg.train)):
-        return load_model(cfg, device)
+        if meta is None:
+            return load_model(cfg, device)
+        return _load_from_meta(cfg, device, meta)
+
+
+def _load_from_meta(cfg: ExperimentConfig, device: str | torch.device,
+                    meta: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+    """A rank > 0's partitioned policy under ZeRO-3: built as ``load_model`` builds it, its gathers fed
+    ``meta`` (rank 0 reads the checkpoint and fills every gathered parameter)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    m = cfg.model
+    path = resolve_model_path(m.name_or_path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code)
+    if m.rope_scaling:
+        _apply_rope_scaling(config, m.rope_scaling)
+    extra = {"attn_implementation": m.attn_implementation} if m.attn_implementation else {}
+    # the model class itself: the Auto class resolves remote code from the (absent) path first
+    model_cls: Any = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    model: Any = model_cls.from_pretrained(
+        None, config=config, state_dict=meta, dtype=getattr(torch, m.dtype), **extra)
+    if cfg.train.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.to(device).eval()
+    return model, load_tokenizer(m.name_or_path, trust_remote_code=m.trust_remote_code)
 
 
 def sais_from_engine(cfg: ExperimentConfig) -> bool:

@@ -65,6 +65,7 @@ def _script(model_dir: str, out: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)   # above the run's own 1,500 s subprocess limit: pytest's 900 s default cut it short
 def test_trainer_step_on_a_32k_response_within_3gb(tmp_path):
     from mlflow.tracking import MlflowClient
 

@@ -313,7 +313,8 @@ def test_weight_sync_transport_is_a_documented_rollout_setting():
     from ulorl.config_doc import explain
 
     assert config_from_dict({}).rollout.weight_sync_transport == "auto"
-    assert config_from_dict({"rollout": {"weight_sync_transport": "inline"}}).rollout.weight_sync_transport == "inline"
+    vllm = {"engine": "vllm", "weight_sync_transport": "inline"}   # the hf engine transfers nothing: refused there
+    assert config_from_dict({"rollout": vllm}).rollout.weight_sync_transport == "inline"
     with pytest.raises(Exception, match="weight_sync_transport"):
         config_from_dict({"rollout": {"weight_sync_transport": "tmpfs"}})
     assert "/dev/shm" in explain("rollout.weight_sync_transport")

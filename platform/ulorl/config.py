@@ -162,6 +162,21 @@ class RolloutConfig(_Section):
         """Tokens per segment (``ulorl.segments.segment_length``: ``ceil(max_response_len / segments)``)."""
         return segment_length(self.max_response_len, self.segments)
 
+    @model_validator(mode="after")
+    def _transport_has_a_use(self) -> RolloutConfig:
+        # a setting nothing reads would be logged as if it had shaped the run
+        if self.weight_sync_transport != "auto" and (self.engine != "vllm" or self.weight_transfer != "stream"):
+            why = ("the hf engine decodes with the trainer's own weights, so nothing is transferred"
+                   if self.engine != "vllm" else
+                   f"rollout.weight_transfer={self.weight_transfer} moves the weights with vLLM's native transfer, "
+                   "not in buckets")
+            raise ValueError(
+                f"rollout.weight_sync_transport={self.weight_sync_transport} only applies to rollout.engine=vllm with "
+                f"rollout.weight_transfer=stream (how a weight bucket reaches vLLM's workers), and here {why}; leave "
+                "it at auto" + (", or set rollout.engine=vllm" if self.engine != "vllm" else
+                                ", or set rollout.weight_transfer=stream"))
+        return self
+
 
 class RewardConfig(_Section):
     """Rule-based math-verify reward, optionally backed by a generative judge (PAPER.md section 4)."""
@@ -420,6 +435,10 @@ class TrainConfig(_Section):
             raise ValueError(f"train.entropy_probe_every ({self.entropy_probe_every}) needs train.backend torch and "
                              f"train.updates_per_step 1 (got {self.backend!r}, {self.updates_per_step}): the probe "
                              "linearises one AdamW step of one process; set train.entropy_probe_every=0")
+        if self.entropy_probe_every > self.max_steps:   # it probes steps that are its multiples: none would be
+            raise ValueError(f"train.entropy_probe_every ({self.entropy_probe_every}) is above train.max_steps "
+                             f"({self.max_steps}), so the probe would never run; set it to at most "
+                             f"{self.max_steps} (every N steps), or 0 for off")
         return self
 
 
@@ -545,6 +564,15 @@ class ExperimentConfig(_Section):
             )
         if self.algo.dynamic_sampling_fill and not self.algo.dynamic_sampling:
             raise ValueError("algo.dynamic_sampling_fill=true requires algo.dynamic_sampling=true")
+        n_heldout, n_eval = self.data.task.num_heldout, self.eval.num_problems
+        if (self.eval.every and n_eval is not None and n_eval > n_heldout
+                and self.data.heldout.split(":")[0] == "embedded"):
+            # refused, not clamped: the run would record eval.num_problems while scoring fewer problems
+            raise ValueError(
+                f"eval.num_problems ({n_eval}) is more than the embedded held-out split holds (data.task.num_heldout "
+                f"{n_heldout}): the periodic eval would score {n_heldout} problems while the run records {n_eval}; "
+                f"raise data.task.num_heldout to {n_eval} or more (the held-out split is a prefix of one stream: its "
+                f"first problems stay the same), or lower eval.num_problems to {n_heldout} (or null: all)")
         corr = self.algo.rollout_correction.mode
         if corr != "off" and self.algo.is_mode == "sais" and sais_logprobs_source(self) == "engine":
             raise ValueError(

@@ -9,7 +9,7 @@ import pytest
 from ulorl.bench import peer
 from ulorl.bench import rollout as rollout_bench
 from ulorl.cli import bench as bench_cli
-from ulorl.cli.out_path import out_file_problem
+from ulorl.out_path import out_file_problem
 
 
 def _never(*args, **kwargs):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ulorl.config import load_experiment
-from ulorl.models.shapes import KNOWN_SHAPES, ModelShape, model_shape
+from ulorl.model_shapes import KNOWN_SHAPES, ModelShape, model_shape
 from ulorl.rollout.colocate import colocated_utilization, pending_adam_bytes, trainer_steady_bytes
 from ulorl.scale import preflight as pf
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ulorl.models.shapes import KNOWN_SHAPES
+from ulorl.model_shapes import KNOWN_SHAPES
 from ulorl.rollout.engines.vllm import vllm_message_queue_bytes
 from ulorl.scale import preflight as pf
 

@@ -519,7 +519,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     if args.summary:
-        from ulorl.cli.out_path import out_file_problem
+        from ulorl.out_path import out_file_problem
 
         try:
             rows = read_results(out)

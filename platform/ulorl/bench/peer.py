@@ -416,7 +416,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as exc:
         print(f"ulorl-bench peer: error: {exc}", file=sys.stderr)
         return 2
-    from ulorl.cli.out_path import out_file_problem
+    from ulorl.out_path import out_file_problem
 
     problem = out_file_problem(args.out, "--out", "peer.json") if args.out else None
     if problem:   # before the benchmark (minutes): its report must have a place to go

@@ -217,7 +217,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
             cost_contexts=_ints(args.cost_contexts, "--cost-contexts") if args.cost_contexts else None,
         )
         cfg.validate()
-        from ulorl.cli.out_path import out_file_problem
+        from ulorl.out_path import out_file_problem
 
         problem = out_file_problem(Path(args.out), "--out", "rollout.json") if args.out else None
         if problem:   # before the benchmark (minutes): its JSON must have a place to go

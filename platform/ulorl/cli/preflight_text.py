@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from ulorl.cli.plan import architecture_of, trainer_memory
 from ulorl.config import ExperimentConfig, load_experiment
-from ulorl.models.shapes import model_shape
+from ulorl.model_shapes import model_shape
 from ulorl.scale.preflight import Check, preflight, preflight_summary, preflight_table
 
 

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import yaml
 
-from ulorl.sweep.spec import parse_seed_offsets
+from ulorl.seeds import parse_seed_offsets
 from ulorl.tracking.provenance import iso_utc
 
 YES, NO, UNKNOWN = "yes", "no", "unknown"

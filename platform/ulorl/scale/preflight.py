@@ -1,5 +1,5 @@
 """The dry-run's preflight: what vLLM and DeepSpeed will decide on the card ``resources.gpu_memory_gib`` names,
-computed before a GPU is touched (pure arithmetic over the model's shape, ``ulorl.models.shapes``).
+computed before a GPU is touched (pure arithmetic over the model's shape, ``ulorl.model_shapes``).
 
 Per role, each check says whether it passes and, when not, the setting to change and a value that passes:
 
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from ulorl.models.shapes import ModelShape
+from ulorl.model_shapes import ModelShape
 
 if TYPE_CHECKING:
     from ulorl.config import ExperimentConfig

@@ -85,7 +85,7 @@ from typing import Any, Literal, Optional
 
 import torch
 
-from ulorl.models.shapes import model_shape
+from ulorl.model_shapes import model_shape
 from ulorl.rollout.checkpoint_names import conversion_model, to_checkpoint_names
 from ulorl.rollout.colocate import colocated_utilization, pending_adam_bytes, trainer_steady_bytes
 from ulorl.rollout.engines.stop_ids import stop_token_ids
@@ -561,7 +561,7 @@ def largest_weight_bytes(model_dir: str | Path, dtype: str = "auto") -> int:
     """Bytes of the largest weight a checkpoint's ``config.json`` implies (pure read; 0 when unknown): the
     embedding / LM head ``vocab_size x hidden_size`` or an MLP matrix, in ``dtype`` (``auto``: the
     config's own dtype; bfloat16 for a hub id). A hub id (no local folder) is sized from
-    ``ulorl.models.shapes`` (the paper's Qwen3 shapes, or a config already in the HF cache). Sizes
+    ``ulorl.model_shapes`` (the paper's Qwen3 shapes, or a config already in the HF cache). Sizes
     /dev/shm for the bucketed update before any weight exists."""
     cfg_file = Path(model_dir) / "config.json"
     if not cfg_file.is_file():   # a hub id: the shape kept in code (or the local HF cache's config), never fetched

@@ -1,4 +1,4 @@
-"""ulorl-bench overlap's arithmetic on hand-made step metrics (the runs themselves: docs/performance.md)."""
+"""ulorl-bench overlap's arithmetic on hand-made step metrics (the runs themselves: platform/ulorl/docs/performance.md)."""
 
 from __future__ import annotations
 

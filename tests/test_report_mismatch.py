@@ -135,6 +135,10 @@ def test_the_correction_sweep_runs_an_arm_per_mode_on_three_seeds_with_a_bf16_en
     assert spec.overrides["rollout.engine_dtype"] == "bfloat16" and spec.max_concurrent == 1
     trials = grid_trials(spec)
     modes = {t["overrides"]["algo.rollout_correction.mode"] for t in trials}
-    assert modes == set(ROLLOUT_CORRECTIONS)
-    assert sorted(t["repeat"] for t in trials) == sorted(list(range(3)) * len(ROLLOUT_CORRECTIONS))
+    # the sweep is what ran (experiments/results/choice_rollout_correction.jsonl): every mode but the geometric-mean
+    # ones, which came after it and have not been run on this task
+    not_run = {"geo_tis", "geo_mis"}
+    assert not_run <= set(ROLLOUT_CORRECTIONS)
+    assert modes == set(ROLLOUT_CORRECTIONS) - not_run
+    assert sorted(t["repeat"] for t in trials) == sorted(list(range(3)) * len(modes))
     assert describe_trials(spec, base, base_path)

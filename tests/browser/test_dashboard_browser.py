@@ -213,7 +213,7 @@ def _benchmarks(browser: Browser, store: dict) -> dict:
 def _speedup(browser: Browser, store: dict) -> dict:
     """The sweep group: S = 4 against its S = 1 reference, with the ratio and why it is below 1."""
     text = browser.evaluate("document.querySelector('[data-testid=\"stMain\"]').innerText")
-    ratio = f"{SPEEDUP_S4_VS_S1:.2f}x time per step"
+    ratio = f"{SPEEDUP_S4_VS_S1:.2f}x wall time per step"
     assert "S = 4 vs S = 1" in text and ratio in text, text[:2000]
     assert "compaction on a CPU" in text and "ulorl-sim paper" in text, text[:2000]
     return {"ratio": ratio}

@@ -423,9 +423,10 @@ class Trainer:
             self._sync_engine_model()
 
     def _sync_engine_model(self) -> None:
-        """Overlap: the engine's model copy (SAIS's forward at the decoding version) to the pushed weights, when
-        the engine does not load them into it itself (the hf engine does)."""
-        if self.engine_model is not self.model and getattr(self.engine, "model", None) is not self.engine_model:
+        """Overlap: the engine's model copy (SAIS's forward at the decoding version) to the pushed weights. The hf
+        engine has loaded them into that copy already and an engine that keeps no model has not; the copy is loaded
+        either way (idempotent, one copy of the weights) rather than probing the engine for a model."""
+        if self.engine_model is not self.model:
             self.engine_model.load_state_dict(self.model.state_dict())
 
     def _eval(self, final: bool = False) -> dict[str, float]:

@@ -22,7 +22,6 @@ Progress goes to stderr; runs log to a SQLite MLflow store under ``--workdir``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ulorl.data.jsonl import DataError, read_json_objects
 from ulorl.jsonout import emit_json, json_command
 from ulorl.reward.noise import ErrorRates, add_signal, answer_form, group_signal, inject, rates_from_rows
 
@@ -162,16 +162,10 @@ def load_rates(paths: list[str], extraction: Optional[str], with_box: bool = Fal
     rows = []
     for path in paths:
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"--rates {path}: {exc}") from None
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"--rates {path}:{n}: not JSON ({exc.msg})") from None
+            objects = read_json_objects(path)
+        except DataError as exc:
+            raise ValueError(f"--rates {exc}") from None
+        for n, row in objects:
             if not {"answer", "label", "score"} <= set(row):
                 raise ValueError(f"--rates {path}:{n}: needs answer, label and score (`ulorl-bench verifier --out`)")
             if (extraction is None or row.get("extraction", extraction) == extraction) and (

@@ -95,6 +95,12 @@ def tiny_config(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TIN
     )
 
 
+#: the dense config's fields the MoE shape keeps as they are (attention, embeddings, special tokens)
+_SHARED_WITH_DENSE = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "head_dim", "max_position_embeddings", "rope_parameters",
+                      "tie_word_embeddings", "eos_token_id", "pad_token_id", "bos_token_id")
+
+
 def tiny_moe_config(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT_TINY,
                     moe: MoeSpec = MoeSpec()) -> Qwen3MoeConfig:
     """Qwen3MoeConfig of the tiny model's MoE shape: ``spec``'s attention and embeddings, every layer
@@ -102,10 +108,9 @@ def tiny_moe_config(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT
     from transformers import Qwen3MoeConfig
 
     dense = tiny_config(tokenizer, spec)
-    return Qwen3MoeConfig(  # type: ignore[call-arg]  # head_dim is a Qwen3MoeConfig field its stub omits
-        vocab_size=dense.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
+    shared = {key: getattr(dense, key) for key in _SHARED_WITH_DENSE}
+    return Qwen3MoeConfig(
+        **shared,
         moe_intermediate_size=moe.moe_intermediate_size,
         num_experts=moe.num_experts,
         num_experts_per_tok=moe.num_experts_per_tok,
@@ -114,16 +119,6 @@ def tiny_moe_config(tokenizer: PreTrainedTokenizerBase, spec: TinySpec = DEFAULT
         output_router_logits=False,
         decoder_sparse_step=1,
         mlp_only_layers=[],
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.hidden_size // spec.num_attention_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
-        tie_word_embeddings=False,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
     )
 
 

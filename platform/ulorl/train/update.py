@@ -123,6 +123,7 @@ class PreparedUpdate:
     metrics: dict[str, float]
     kl_tokens: Optional[torch.Tensor] = None  # Bool[B, L-1]: KL-Cov's penalised tokens (entropy_control kl_cov)
     is_weights: Optional[torch.Tensor] = None  # Float[B, L-1]: rollout-correction weights (None: mode off)
+    routes: Optional[RouteTable] = None        # MoE: the engine's experts per kept row (None: no sample has routes)
 
 
 def parallel_ops(backend: TrainBackend, train: TrainConfig) -> ParallelOps:
@@ -213,7 +214,8 @@ def prepare_update(samples: list[Sample], ctx: UpdateContext,
                                  algo.mpt.tau))
     kl_tokens = acted if control.action == "kl" else None
     kept_mask = loss_mask | acted if control.action == "mask" else loss_mask
-    return PreparedUpdate(kept, batch, adv, old_lp, kept_mask | mm.rejected, metrics, kl_tokens, mm.weights)
+    return PreparedUpdate(kept, batch, adv, old_lp, kept_mask | mm.rejected, metrics, kl_tokens, mm.weights,
+                          routes)
 
 
 def apply_update(prep: PreparedUpdate, ctx: UpdateContext) -> UpdateResult:
@@ -228,7 +230,7 @@ def apply_update(prep: PreparedUpdate, ctx: UpdateContext) -> UpdateResult:
     acc: dict[str, float] = {}
     pg_loss_total = 0.0
     grad_norms: list[float] = []
-    routes = RouteTable.of(prep.kept, replay=algo.routing_replay == "r3")
+    routes = prep.routes
     skipped_steps = 0   # optimizer steps the backend skipped on a non-finite global grad norm
     refused = ""
     for mb_rows in split_minibatches(batch.group_ids.tolist(), train.updates_per_step):
